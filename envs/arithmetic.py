@@ -1,0 +1,73 @@
+"""Arithmetic: add, subtract or multiply small integers; reward 1 for the right number. Procedural, seeded, offline.
+
+The default env of `atropos process` and the task the shipped model `atropos-tiny-arith` was trained on.
+Items are generated from `(seed, split, index)`, so every run with the same seed sees the same questions, and
+the eval split never overlaps the train split. Reward: 1.0 when the last integer in the completion equals the
+answer, else 0.0. Reward parts shown in the viewer: `correct` (the score) and `bare_number` (1 when the
+completion is just the number, a format signal that does not count towards the score).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+from atropos_cli.config import EnvConfig
+from atropos_cli.env import SimpleEnv
+
+OPERATORS = ("+", "-", "*")
+_INT = re.compile(r"-?\d+")
+
+
+class ArithmeticConfig(EnvConfig):
+    max_operand: int = 99
+    """Operands are drawn from 0..max_operand (multiplication uses 0..max(12, max_operand // 8))."""
+    operators: str = "+-*"
+    eval_size: int = 200
+
+
+def make_problem(rng: random.Random, max_operand: int, operators: str) -> tuple[str, int]:
+    op = rng.choice([o for o in operators if o in OPERATORS])
+    if op == "*":
+        small = max(12, max_operand // 8)
+        a, b = rng.randint(0, small), rng.randint(0, small)
+    else:
+        a, b = rng.randint(0, max_operand), rng.randint(0, max_operand)
+    answer = a + b if op == "+" else a - b if op == "-" else a * b
+    return f"{a} {op} {b}", answer
+
+
+def parse_answer(completion: str) -> int | None:
+    found = _INT.findall(completion)
+    return int(found[-1]) if found else None
+
+
+class ArithmeticEnv(SimpleEnv):
+    name: ClassVar[str] = "arithmetic"
+    version: ClassVar[str] = "1"
+    description: ClassVar[str] = "integer + - * questions; reward 1 for the right number (procedural, offline)"
+    env_config_cls = ArithmeticConfig
+
+    @classmethod
+    def config_init(cls) -> tuple[EnvConfig, list[Any]]:
+        return ArithmeticConfig(group_size=8, max_token_length=16, total_steps=64, temperature=1.0), []
+
+    def items(self, split: str) -> Iterator[dict[str, Any]]:
+        config: ArithmeticConfig = self.config  # type: ignore[assignment]
+        count = None if split == "train" else config.eval_size
+        index = 0
+        while count is None or index < count:
+            rng = random.Random(f"{config.seed}:{split}:{index}")
+            question, answer = make_problem(rng, config.max_operand, config.operators)
+            yield {"id": f"{split}-{index}", "question": question, "answer": answer}
+            index += 1
+
+    def prompt(self, item: dict[str, Any]) -> str:
+        return f"What is {item['question']}?"
+
+    def reward(self, completion: str, item: dict[str, Any]) -> dict[str, float]:
+        correct = 1.0 if parse_answer(completion) == item["answer"] else 0.0
+        bare = 1.0 if completion.strip().lstrip("-").isdigit() else 0.0
+        return {"score": correct, "correct": correct, "bare_number": bare}

@@ -1,0 +1,269 @@
+"""The environment contract: `BaseEnv` (Atropos' names) and `SimpleEnv` (items + prompt + reward).
+
+Flow: `get_next_item()` -> `collect_trajectories(item)` -> a `ScoredGroup` (or an Atropos-style dict, which
+the runner validates into one). `self.server` is the router over the configured inference servers and
+`self.tokenizer` is loaded from `config.tokenizer_name` (or the local backend's model) on first use.
+
+An Atropos env ports by changing its imports: `BaseEnv`, `EnvConfig` (alias `BaseEnvConfig`),
+`ServerConfig` (alias `APIServerConfig`), `ScoredGroup` (alias `ScoredDataGroup`), and the same method names.
+
+A failed rollout is data: `record_failure()` files it into the group's failure list (a context variable the
+runner sets per group), and the runner writes it to failures.jsonl.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import random
+import time
+import traceback
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+from atropos_cli.config import EnvConfig
+from atropos_cli.inference.base import Generation, SamplingParams, ServerConfig
+from atropos_cli.tokens import build_rollout_tokens
+from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup
+
+__all__ = [
+    "BaseEnv",
+    "SimpleEnv",
+    "Item",
+    "record_failure",
+    "failure_sink",
+    "BaseEnvConfig",
+    "APIServerConfig",
+    "ScoredDataGroup",
+]
+
+Item = Any
+BaseEnvConfig = EnvConfig
+APIServerConfig = ServerConfig
+ScoredDataGroup = ScoredGroup
+
+failure_sink: contextvars.ContextVar[list[RolloutFailure] | None] = contextvars.ContextVar(
+    "atropos_failure_sink", default=None
+)
+
+
+def record_failure(exc: BaseException, *, env: str | None, item_id: str | None, rollout_index: int | None) -> None:
+    """File a failed rollout into the current group's failure list (or drop it if no runner is listening)."""
+    summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    if frames:
+        last = frames[-1]
+        summary += f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name})"
+    failure = RolloutFailure(
+        kind="rollout" if rollout_index is not None else "group",
+        env=env,
+        item_id=item_id,
+        rollout_index=rollout_index,
+        error_type=type(exc).__name__,
+        error=summary,
+        created_at=time.time(),
+    )
+    sink = failure_sink.get()
+    if sink is not None:
+        sink.append(failure)
+
+
+class BaseEnv:
+    """Atropos' BaseEnv contract. Subclass and implement `setup`, `get_next_item` and one of
+    `collect_trajectories` / `collect_trajectory`; `evaluate` is optional."""
+
+    name: ClassVar[str] = "env"
+    version: ClassVar[str] = "0"
+    description: ClassVar[str] = ""
+    env_config_cls: ClassVar[type[EnvConfig]] = EnvConfig
+
+    def __init__(self, config: EnvConfig, server: Any, tokenizer: Any | None = None) -> None:
+        self.config = config
+        self.server = server
+        self._tokenizer = tokenizer
+        self._tokenizer_loaded = tokenizer is not None
+        self.rng = random.Random(config.seed)
+
+    @classmethod
+    def config_init(cls) -> tuple[EnvConfig, list[ServerConfig]]:
+        return cls.env_config_cls(), []
+
+    @property
+    def tokenizer(self) -> Any | None:
+        """The tokenizer of `config.tokenizer_name` (or of the local model); None when there is none."""
+        if not self._tokenizer_loaded:
+            self._tokenizer_loaded = True
+            name = self.config.tokenizer_name or getattr(self.server, "tokenizer_name", None)
+            if name and name != "none":
+                from atropos_cli.tokens import load_tokenizer
+
+                self._tokenizer = load_tokenizer(name)
+            else:
+                self._tokenizer = getattr(self.server, "tokenizer", None)
+        return self._tokenizer
+
+    async def setup(self) -> None:
+        """Load datasets and anything else the env needs; called once before the first item."""
+
+    async def get_next_item(self) -> Item | None:
+        raise NotImplementedError(f"{type(self).__name__} must implement get_next_item()")
+
+    async def collect_trajectory(self, item: Item) -> tuple[dict[str, Any] | None, list[Item]]:
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement collect_trajectories() or collect_trajectory()"
+        )
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredGroup | dict | list | None, list[Item]]:
+        """Default: run `collect_trajectory` group_size times concurrently and stack the results."""
+        results = await asyncio.gather(
+            *(self.collect_trajectory(item) for _ in range(self.config.group_size)), return_exceptions=True
+        )
+        stacked: dict[str, list[Any]] = {}
+        group_overrides: dict[str, Any] = {}
+        backlog: list[Item] = []
+        for index, result in enumerate(results):
+            if isinstance(result, BaseException):
+                record_failure(result, env=self.name, item_id=None, rollout_index=index)
+                continue
+            rollout, more = result
+            backlog.extend(more or [])
+            if rollout is None:
+                continue
+            for key, value in dict(rollout).items():
+                if key == "group_overrides":
+                    group_overrides.update(value or {})
+                elif key in ("scores", "score"):
+                    stacked.setdefault("scores", []).append(value)
+                elif value is not None:
+                    stacked.setdefault(key, []).append(value)
+        if not stacked.get("scores"):
+            return None, backlog
+        group: dict[str, Any] = dict(stacked)
+        if group_overrides:
+            group["group_overrides"] = group_overrides
+        return group, backlog
+
+    async def postprocess_histories(self, trajectories: Any) -> Any:
+        return trajectories
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
+        return None
+
+    async def cleanup(self) -> None:
+        """Called after every group."""
+
+    def item_id(self, item: Item) -> str | None:
+        if isinstance(item, dict):
+            for key in ("id", "item_id", "idx"):
+                if key in item:
+                    return str(item[key])
+        return None
+
+    def sampling_params(self, n: int | None = None, **overrides: Any) -> SamplingParams:
+        params: dict[str, Any] = {
+            "n": n or self.config.group_size,
+            "temperature": self.config.temperature,
+            "top_p": self.config.top_p,
+            "max_tokens": self.config.max_token_length,
+        }
+        params.update(overrides)
+        return SamplingParams(**params)
+
+
+class SimpleEnv(BaseEnv):
+    """The short path: define `items(split)`, `prompt(item)` and `reward(completion, item)`.
+
+    `reward` returns a float or a dict of named parts (summed into the score unless it has a "score" key).
+    A reward that raises marks that rollout failed (recorded with its traceback summary); the group keeps
+    the others.
+    """
+
+    system_prompt: ClassVar[str | None] = None
+    stop: ClassVar[list[str] | None] = None
+
+    def items(self, split: str) -> Iterable[Item]:
+        raise NotImplementedError(f"{type(self).__name__} must implement items(split)")
+
+    def prompt(self, item: Item) -> list[Message] | str:
+        raise NotImplementedError(f"{type(self).__name__} must implement prompt(item)")
+
+    def reward(self, completion: str, item: Item) -> float | dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} must implement reward(completion, item)")
+
+    async def setup(self) -> None:
+        self._train_items: Iterator[Item] = iter(self.items("train"))
+
+    async def get_next_item(self) -> Item | None:
+        return next(self._train_items, None)
+
+    def messages_for(self, item: Item) -> list[Message]:
+        prompt = self.prompt(item)
+        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    async def collect_trajectories(self, item: Item) -> tuple[ScoredGroup | None, list[Item]]:
+        messages = self.messages_for(item)
+        started = time.perf_counter()
+        generation = await self.server.chat_completion(
+            messages=messages, **self.sampling_params(stop=self.stop).model_dump(exclude_none=True)
+        )
+        elapsed = time.perf_counter() - started
+        return self.score(item, messages, generation, elapsed), []
+
+    def score(
+        self, item: Item, messages: list[Message], generation: Generation, elapsed: float = 0.0
+    ) -> ScoredGroup | None:
+        """Score each choice with `reward`; failed rewards are recorded and left out of the group."""
+        item_id = self.item_id(item)
+        kept: list[tuple[int, float, dict[str, float] | None]] = []
+        for index, choice in enumerate(generation.choices):
+            try:
+                score, parts = _split_reward(self.reward(choice.text, item))
+            except Exception as exc:  # a reward that raises is one failed rollout, not a crashed run
+                record_failure(exc, env=self.name, item_id=item_id, rollout_index=index)
+                continue
+            kept.append((index, score, parts))
+        if not kept:
+            return None
+        choices = [generation.choices[i] for i, _, _ in kept]
+        chats = [[*messages, {"role": "assistant", "content": c.text}] for c in choices]
+        tokens = build_rollout_tokens(self.tokenizer, messages, generation, [i for i, _, _ in kept])
+        return ScoredGroup(
+            tokens=tokens.tokens if tokens else [],
+            masks=tokens.masks if tokens else [],
+            inference_logprobs=tokens.logprobs if tokens else None,
+            scores=[s for _, s, _ in kept],
+            messages=chats,
+            meta=GroupMeta(
+                env=self.name,
+                env_version=self.version,
+                item_id=item_id,
+                model=generation.model,
+                failed_rollouts=len(generation.choices) - len(kept),
+                duration_s=round(elapsed, 4),
+                tokens_missing=tokens is None,
+                rollouts=[
+                    RolloutMeta(
+                        finish_reason=c.finish_reason,
+                        reward_parts=parts,
+                        completion_tokens=len(c.token_ids) if c.token_ids is not None else None,
+                    )
+                    for c, (_, _, parts) in zip(choices, kept, strict=True)
+                ],
+            ),
+        )
+
+    async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
+        return None
+
+
+def _split_reward(value: float | dict[str, float]) -> tuple[float, dict[str, float] | None]:
+    if isinstance(value, dict):
+        parts = {str(k): float(v) for k, v in value.items()}
+        score = parts["score"] if "score" in parts else sum(parts.values())
+        return float(score), parts
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"reward must return a float or a dict of floats, got {type(value).__name__}")
+    return float(value), None

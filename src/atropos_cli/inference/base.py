@@ -1,0 +1,118 @@
+"""The one protocol every inference backend implements, and the typed request/response models it speaks.
+
+Backends (`openai_compat`: any OpenAI-compatible HTTP server incl. vLLM/SGLang; `local`: in-process
+transformers) turn a chat or a prompt plus `SamplingParams` into a `Generation`: `n` choices, each with text,
+finish reason and, where the backend has them, completion token ids and per-token logprobs. Retries, timeouts
+and routing live in `router.py`, not here.
+
+`Generation` is shaped like an OpenAI response where env code touches it (`.choices[i].message.content`,
+`.choices[i].text`, `.choices[i].finish_reason`), so Atropos envs that call
+`self.server.chat_completion(...)` keep working.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "SamplingParams",
+    "ChatMessage",
+    "Choice",
+    "Usage",
+    "Generation",
+    "InferenceBackend",
+    "ServerConfig",
+    "SERVER_TYPES",
+]
+
+SERVER_TYPES = ("openai", "vllm", "sglang", "trl", "local")
+
+
+class SamplingParams(BaseModel):
+    """Sampling arguments shared by every backend. `logprobs` asks for token ids + logprobs when supported."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    n: int = Field(1, ge=1)
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: list[str] | None = None
+    seed: int | None = None
+    logprobs: bool = True
+
+
+class ChatMessage(BaseModel):
+    role: str = "assistant"
+    content: str | None = None
+
+
+class Choice(BaseModel):
+    """One sampled completion. `token_ids`/`logprobs` cover completion tokens only, one logprob per token."""
+
+    index: int = 0
+    text: str
+    finish_reason: str | None = None
+    token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+
+    @property
+    def message(self) -> ChatMessage:
+        return ChatMessage(role="assistant", content=self.text)
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class Generation(BaseModel):
+    """The answer to one request: `n` choices for one prompt, plus the prompt's token ids when known."""
+
+    model: str
+    choices: list[Choice]
+    prompt_token_ids: list[int] | None = None
+    usage: Usage = Field(default_factory=Usage)
+
+    @property
+    def has_tokens(self) -> bool:
+        return self.prompt_token_ids is not None and all(c.token_ids is not None for c in self.choices)
+
+
+@runtime_checkable
+class InferenceBackend(Protocol):
+    """What the router calls. Implementations raise `InferenceError` subclasses, never return errors."""
+
+    model_name: str
+
+    async def chat(self, messages: list[dict[str, Any]], params: SamplingParams) -> Generation: ...
+
+    async def complete(self, prompt: str | list[int], params: SamplingParams) -> Generation: ...
+
+    async def aclose(self) -> None: ...
+
+
+class ServerConfig(BaseModel):
+    """One inference server: Atropos' `APIServerConfig` fields (same names, so `--openai.*` flags port over)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = "default"
+    base_url: str = ""
+    api_key: str = ""
+    server_type: Literal["openai", "vllm", "sglang", "trl", "local"] = "openai"
+    tokenizer_name: str = "none"
+    timeout: float = Field(1200.0, gt=0)
+    num_max_requests_at_once: int = Field(512, ge=1)
+    num_requests_for_eval: int = Field(64, ge=1)
+    rolling_buffer_length: int = 1000
+    n_kwarg_is_ignored: bool = False
+    health_check: bool = True
+    max_retries: int = Field(3, ge=0)
+    weight: float = 1.0
+    # local backend only
+    device: str = "auto"
+    dtype: str = "auto"

@@ -1,0 +1,1 @@
+"""The bundled trainer package (imported as `atropos_trainer` by `atropos train`; needs torch)."""
