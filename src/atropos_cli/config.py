@@ -104,9 +104,7 @@ def parse_dotted_flags(args: Sequence[str]) -> dict[str, dict[str, Any]]:
     while i < len(args):
         token = args[i]
         if not token.startswith("--"):
-            raise ConfigError(
-                f"unexpected argument {token!r}", hint="dotted flags look like --env.group_size 8"
-            )
+            raise ConfigError(f"unexpected argument {token!r}", hint="dotted flags look like --env.group_size 8")
         key, sep, value = token[2:].partition("=")
         if not sep:
             if i + 1 < len(args) and not args[i + 1].startswith("--"):
@@ -201,9 +199,11 @@ def resolve_config(
     yaml_servers = _servers_from(yaml_data.get("openai"), "config")
     base = [s.model_dump() for s in server_defaults] or [ServerConfig().model_dump()]
     if yaml_servers:
-        merged = [{**base[0], **s} for s in yaml_servers] if len(yaml_servers) != len(base) else [
-            {**b, **s} for b, s in zip(base, yaml_servers, strict=True)
-        ]
+        merged = (
+            [{**base[0], **s} for s in yaml_servers]
+            if len(yaml_servers) != len(base)
+            else [{**b, **s} for b, s in zip(base, yaml_servers, strict=True)]
+        )
     else:
         merged = base
     merged = [{**m, **cli_openai} for m in merged]

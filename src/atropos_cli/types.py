@@ -68,6 +68,8 @@ class GroupMeta(BaseModel):
     env: str | None = None
     env_version: str | None = None
     item_id: str | None = None
+    index: int | None = None
+    """Position of the item in the run's (seeded, deterministic) item stream; `--resume` skips done indices."""
     model: str | None = None
     sampling: dict[str, Any] | None = None
     seed: int | None = None
@@ -136,9 +138,7 @@ class ScoredGroup(BaseModel):
             if self.tokens:
                 for i, (values, toks) in enumerate(zip(per_token, self.tokens, strict=True)):
                     if len(values) != len(toks):
-                        raise ValueError(
-                            f"rollout {i}: {name} has {len(values)} entries but tokens has {len(toks)}"
-                        )
+                        raise ValueError(f"rollout {i}: {name} has {len(values)} entries but tokens has {len(toks)}")
         for name in ("messages", "overrides"):
             value = getattr(self, name)
             if value is not None:
@@ -178,6 +178,7 @@ class RolloutFailure(BaseModel):
     group_id: str | None = None
     env: str | None = None
     item_id: str | None = None
+    index: int | None = None
     rollout_index: int | None = None
     error_type: str
     error: str

@@ -15,7 +15,6 @@ app = typer.Typer(
 )
 
 
-
 def _version(value: bool) -> None:
     if value:
         from atropos_cli import __version__
@@ -33,6 +32,7 @@ def _root(
 
 # Each module exposes `register(app)`; order is the order of `atropos --help`.
 COMMAND_MODULES = (
+    "atropos_cli.cli.process",
     "atropos_cli.cli.envs",
 )
 

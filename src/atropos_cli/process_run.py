@@ -1,0 +1,250 @@
+"""`atropos process` as a library: run an env offline into a run directory that loses nothing.
+
+Layout of a run (`--out DIR`)::
+
+    DIR/config.yaml       the resolved config (what --resume compares against)
+    DIR/groups.jsonl      one ScoredGroup per line, flushed per group (the durable record)
+    DIR/failures.jsonl    one RolloutFailure per line: failed rollouts, failed groups, filtered groups
+    DIR/groups.parquet    one row per rollout, rewritten from groups.jsonl at the end of the run
+    DIR/index.html        the viewer, rendered at the end of the run
+
+With Atropos' `--env.data_path_to_save_groups out.jsonl` the same files sit beside it: out.jsonl,
+out.failures.jsonl, out.parquet, out.html, out.config.yaml.
+
+`--resume` re-reads groups.jsonl, skips item indices already written (the item stream is seeded and
+deterministic) and refuses a config that differs, naming the keys. Ctrl-C stops new groups, lets in-flight
+ones finish, and still writes parquet + HTML.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from atropos_cli.config import RunConfig, config_diff
+from atropos_cli.envsetup import LoadedEnv
+from atropos_cli.errors import ConfigError, OutputExistsError
+from atropos_cli.rollout import GroupOutcome, run_groups
+
+__all__ = ["RunPaths", "ProcessStats", "prepare_output", "run_process", "default_out_dir"]
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+    groups: Path
+    failures: Path
+    parquet: Path
+    html: Path
+    config: Path
+
+    @classmethod
+    def for_dir(cls, root: Path) -> RunPaths:
+        return cls(
+            root,
+            root / "groups.jsonl",
+            root / "failures.jsonl",
+            root / "groups.parquet",
+            root / "index.html",
+            root / "config.yaml",
+        )
+
+    @classmethod
+    def for_jsonl(cls, path: Path) -> RunPaths:
+        stem = path.with_suffix("")
+        return cls(
+            path.parent,
+            path,
+            Path(f"{stem}.failures.jsonl"),
+            stem.with_suffix(".parquet"),
+            stem.with_suffix(".html"),
+            Path(f"{stem}.config.yaml"),
+        )
+
+    def outputs(self) -> list[Path]:
+        return [self.groups, self.failures, self.parquet, self.html, self.config]
+
+
+@dataclass
+class ProcessStats:
+    groups: int = 0
+    rollouts: int = 0
+    failed_rollouts: int = 0
+    failed_groups: int = 0
+    filtered_groups: int = 0
+    resumed_groups: int = 0
+    tokens_missing: int = 0
+    scores: list[float] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+    interrupted: bool = False
+
+    @property
+    def mean_score(self) -> float | None:
+        return statistics.fmean(self.scores) if self.scores else None
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.started
+
+    def add(self, outcome: GroupOutcome) -> None:
+        for group in outcome.groups:
+            self.groups += 1
+            self.rollouts += group.size
+            self.scores.extend(group.scores)
+            self.tokens_missing += int(not group.has_tokens)
+        self.failed_rollouts += sum(1 for f in outcome.failures if f.kind == "rollout")
+        self.failed_groups += int(outcome.failed)
+        self.filtered_groups += len(outcome.filtered)
+
+
+def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
+    """runs/<env>, or runs/<env>-2, -3, ... when taken (only for the default; an explicit --out is refused)."""
+    stem = Path(env_name).stem if env_name.endswith(".py") else env_name.split(":")[0]
+    candidate = base / stem
+    n = 2
+    while candidate.exists():
+        candidate = base / f"{stem}-{n}"
+        n += 1
+    return candidate
+
+
+def _done_indices(paths: RunPaths) -> tuple[set[int], int]:
+    """Item indices already in groups.jsonl (and filtered in failures.jsonl); also drops a torn last line."""
+    from atropos_cli.readers import iter_groups
+
+    done: set[int] = set()
+    count = 0
+    if paths.groups.exists():
+        _truncate_partial_line(paths.groups)
+        for sourced in iter_groups([paths.groups]):
+            meta = sourced.group.meta
+            if meta is not None and meta.index is not None:
+                done.add(meta.index)
+                count += 1
+    if paths.failures.exists():
+        _truncate_partial_line(paths.failures)
+        for line in paths.failures.read_text().splitlines():
+            record = json.loads(line)
+            if record.get("error_type") == "Filtered" and record.get("index") is not None:
+                done.add(record["index"])
+    return done, count
+
+
+def _truncate_partial_line(path: Path) -> None:
+    """A crash mid-write can leave a last line without its newline: cut it so appends stay valid jsonl."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        path.write_bytes(data[: data.rfind(b"\n") + 1])
+
+
+def prepare_output(paths: RunPaths, run_config: RunConfig, *, resume: bool, overwrite: bool) -> set[int]:
+    """Create or check the run directory; returns the item indices to skip when resuming."""
+    existing = [p for p in paths.outputs() if p.exists()]
+    if resume:
+        if not paths.config.exists():
+            raise ConfigError(
+                f"nothing to resume in {str(paths.root)!r}: no {paths.config.name}",
+                hint="start a new run without --resume",
+            )
+        saved = yaml.safe_load(paths.config.read_text()) or {}
+        current = run_config.model_dump(mode="json")
+        changed = config_diff(saved, current)
+        if changed:
+            raise ConfigError(
+                f"--resume with a different config: {', '.join(changed)} changed",
+                hint=f"use the original settings, or start a new run (--out elsewhere); saved: {paths.config}",
+            )
+        return _done_indices(paths)[0]
+    if existing and not overwrite:
+        raise OutputExistsError(
+            f"output {str(existing[0])!r} already exists",
+            hint="pass --resume to continue that run, --overwrite to replace it, or --out for a new one",
+        )
+    for path in existing:
+        path.unlink()
+    paths.root.mkdir(parents=True, exist_ok=True)
+    paths.config.write_text(run_config.to_yaml())
+    return set()
+
+
+async def run_process(
+    loaded: LoadedEnv,
+    paths: RunPaths,
+    *,
+    num_groups: int,
+    concurrency: int,
+    skip: set[int],
+    on_progress: Callable[[ProcessStats], None] = lambda stats: None,
+) -> ProcessStats:
+    """Set up the env, run the groups concurrently, stream them to jsonl; then parquet + HTML."""
+    from atropos_cli.writers.jsonl import JsonlWriter
+
+    stats = ProcessStats(resumed_groups=len(skip))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def interrupt() -> None:
+        if stop.is_set():  # a second Ctrl-C: give up on in-flight groups too
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+        stats.interrupted = True
+        stop.set()
+
+    handles_sigint = _install_sigint(loop, interrupt)
+    try:
+        await loaded.env.setup()
+        with (
+            JsonlWriter(paths.groups, append=True) as groups_out,
+            JsonlWriter(paths.failures, append=True) as failures_out,
+        ):
+
+            def write(outcome: GroupOutcome) -> None:
+                for group in outcome.groups:
+                    groups_out.write(group)
+                for failure in [*outcome.failures, *outcome.filtered]:
+                    failures_out.write(failure)
+                stats.add(outcome)
+                on_progress(stats)
+
+            try:
+                await run_groups(
+                    loaded.env, num_items=num_groups, concurrency=concurrency, on_outcome=write, skip=skip, stop=stop
+                )
+            except asyncio.CancelledError:
+                stats.interrupted = True
+    finally:
+        if handles_sigint:
+            loop.remove_signal_handler(signal.SIGINT)
+        await loaded.server.aclose()
+        finish_outputs(paths)
+    return stats
+
+
+def _install_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> bool:
+    """Ctrl-C stops the run gracefully; only possible from the main thread (tests may run us elsewhere)."""
+    try:
+        loop.add_signal_handler(signal.SIGINT, handler)
+    except (NotImplementedError, RuntimeError, ValueError):
+        return False
+    return True
+
+
+def finish_outputs(paths: RunPaths) -> None:
+    """Rewrite groups.parquet and index.html from groups.jsonl (the durable record)."""
+    from atropos_cli.readers import iter_groups
+    from atropos_cli.writers.html import render_html
+    from atropos_cli.writers.parquet import write_parquet
+
+    if not paths.groups.exists():
+        return
+    write_parquet((s.group for s in iter_groups([paths.groups])), paths.parquet)
+    failures = sum(1 for _ in paths.failures.open()) if paths.failures.exists() else 0
+    render_html(iter_groups([paths.groups]), paths.html, title=f"atropos run: {paths.root}", failures=failures)

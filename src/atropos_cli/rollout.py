@@ -1,0 +1,232 @@
+"""Concurrent group collection: items in, validated `ScoredGroup`s and recorded failures out.
+
+`collect_group(env, item)` is the one place where a rollout's or a group's failure is caught and turned into
+data (a `RolloutFailure`); everything else lets errors propagate. `run_groups(...)` drives `concurrency`
+workers over the env's item stream (one `get_next_item()` at a time, in order, so item `index` is
+deterministic for a seeded env) and hands each finished outcome to a callback as soon as it is ready.
+
+Fatal conditions stop the run instead of filling failures.jsonl with copies of one error: an unreachable
+server, or `max_consecutive_failures` groups in a row failing the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from atropos_cli.env import BaseEnv, Item, failure_sink, record_failure
+from atropos_cli.errors import AtroposError, ServerUnreachableError
+from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup
+
+__all__ = ["GroupOutcome", "collect_group", "run_groups", "RunAborted"]
+
+
+class RunAborted(AtroposError):
+    """The run cannot continue (server unreachable, or every group failing the same way)."""
+
+
+@dataclass
+class GroupOutcome:
+    index: int | None
+    item_id: str | None
+    groups: list[ScoredGroup] = field(default_factory=list)
+    failures: list[RolloutFailure] = field(default_factory=list)
+    backlog: list[Item] = field(default_factory=list)
+    filtered: list[RolloutFailure] = field(default_factory=list)
+
+    @property
+    def failed(self) -> bool:
+        """True when the item produced no group at all and something failed."""
+        return not self.groups and not self.filtered and bool(self.failures)
+
+
+def _as_groups(result: Any) -> list[Any]:
+    if result is None:
+        return []
+    return list(result) if isinstance(result, list) else [result]
+
+
+def _validate(raw: Any) -> ScoredGroup:
+    if isinstance(raw, ScoredGroup):
+        return raw
+    if not isinstance(raw, dict):
+        raise TypeError(f"collect_trajectories returned {type(raw).__name__}; expected a ScoredGroup or a dict")
+    return ScoredGroup.model_validate(raw)
+
+
+def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | None, started: float) -> None:
+    meta = group.meta or GroupMeta()
+    server = env.server
+    updates: dict[str, Any] = {
+        "group_id": meta.group_id or uuid.uuid4().hex[:16],
+        "env": meta.env or env.name,
+        "env_version": meta.env_version or env.version,
+        "item_id": meta.item_id if meta.item_id is not None else item_id,
+        "index": index,
+        "model": meta.model or getattr(server, "model_name", None),
+        "sampling": meta.sampling or env.sampling_params().model_dump(exclude_none=True),
+        "seed": meta.seed if meta.seed is not None else env.config.seed,
+        "created_at": meta.created_at or time.time(),
+        "duration_s": meta.duration_s or round(time.perf_counter() - started, 4),
+        "tokens_missing": not group.has_tokens,
+    }
+    group.meta = meta.model_copy(update=updates)
+
+
+def _filter_reason(group: ScoredGroup, env: BaseEnv) -> str | None:
+    """Atropos' group checks (spec §2.5 step 8), applied where the env asked for them."""
+    expected = (group.group_overrides or {}).get("group_size", env.config.group_size)
+    if env.config.ensure_scores_are_not_same and group.size > 1 and len(set(group.scores)) == 1:
+        return "identical scores"
+    if env.config.ensure_scores_are_not_same and group.size != expected and not group.meta.failed_rollouts:
+        return f"group has {group.size} rollouts, expected {expected}"
+    return None
+
+
+async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> GroupOutcome:
+    """Collect, validate and stamp the group(s) of one item; failures become data, never exceptions.
+
+    `ServerUnreachableError` is the exception: it propagates, since no later item can succeed either.
+    """
+    item_id = env.item_id(item)
+    outcome = GroupOutcome(index=index, item_id=item_id)
+    sink: list[RolloutFailure] = []
+    token = failure_sink.set(sink)
+    started = time.perf_counter()
+    try:
+        result, backlog = await env.collect_trajectories(item)
+        result = await env.postprocess_histories(result)
+        outcome.backlog = list(backlog or [])
+        for raw in _as_groups(result):
+            try:
+                group = _validate(raw)
+            except (ValidationError, TypeError) as exc:
+                record_failure(_one_line(exc), env=env.name, item_id=item_id, rollout_index=None)
+                continue
+            _stamp(group, env, index, item_id, started)
+            reason = _filter_reason(group, env)
+            if reason:
+                outcome.filtered.append(_failure("Filtered", reason, env, item_id, group.meta.group_id))
+            else:
+                outcome.groups.append(group)
+        if not _as_groups(result) and not sink:
+            sink.append(_failure("EmptyGroup", "collect_trajectories returned no group", env, item_id, None))
+    except ServerUnreachableError:
+        raise
+    except Exception as exc:  # the one place a group's failure is caught: it is recorded, not raised
+        record_failure(exc, env=env.name, item_id=item_id, rollout_index=None)
+    finally:
+        failure_sink.reset(token)
+        await env.cleanup()
+    for failure in [*sink, *outcome.filtered]:
+        failure.index = index
+        if failure.group_id is None and outcome.groups:
+            failure.group_id = outcome.groups[0].meta.group_id  # type: ignore[union-attr]
+    outcome.failures = sink
+    return outcome
+
+
+def _one_line(exc: Exception) -> Exception:
+    if isinstance(exc, ValidationError):
+        err = exc.errors()[0]
+        return ValueError(f"invalid group: {err['msg']}")
+    return exc
+
+
+def _failure(kind: str, message: str, env: BaseEnv, item_id: str | None, group_id: str | None) -> RolloutFailure:
+    return RolloutFailure(
+        kind="group",
+        group_id=group_id,
+        env=env.name,
+        item_id=item_id,
+        error_type=kind,
+        error=message,
+        created_at=time.time(),
+    )
+
+
+async def run_groups(
+    env: BaseEnv,
+    *,
+    num_items: int,
+    concurrency: int,
+    on_outcome: Callable[[GroupOutcome], Awaitable[None] | None],
+    skip: Collection[int] = (),
+    stop: asyncio.Event | None = None,
+    max_consecutive_failures: int = 8,
+) -> None:
+    """Run up to `num_items` items with `concurrency` workers; call `on_outcome` as each one finishes.
+
+    Items whose index is in `skip` are fetched (to keep the stream aligned) but not run (`--resume`).
+    Setting `stop` lets in-flight groups finish and starts no new ones.
+    """
+    stop = stop or asyncio.Event()
+    fetch_lock = asyncio.Lock()
+    next_index = 0
+    backlog: list[Item] = []
+    streak = {"count": 0, "error": ""}
+    fatal: list[BaseException] = []
+
+    async def next_item() -> tuple[int, Item] | None:
+        nonlocal next_index
+        async with fetch_lock:
+            while next_index < num_items and not stop.is_set():
+                index = next_index
+                item = backlog.pop() if backlog else await env.get_next_item()
+                if item is None:
+                    return None
+                next_index += 1
+                if index not in skip:
+                    return index, item
+            return None
+
+    async def worker() -> None:
+        while not stop.is_set():
+            job = await next_item()
+            if job is None:
+                return
+            index, item = job
+            try:
+                outcome = await collect_group(env, item, index)
+            except ServerUnreachableError as exc:
+                fatal.append(exc)
+                stop.set()
+                return
+            backlog.extend(outcome.backlog)
+            _track_streak(outcome, streak, max_consecutive_failures, fatal, stop)
+            result = on_outcome(outcome)
+            if asyncio.iscoroutine(result):
+                await result
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    if fatal:
+        exc = fatal[0]
+        if isinstance(exc, AtroposError):
+            raise RunAborted(exc.message, exc.hint) from None
+        raise exc
+
+
+def _track_streak(
+    outcome: GroupOutcome, streak: dict[str, Any], limit: int, fatal: list[BaseException], stop: asyncio.Event
+) -> None:
+    if not outcome.failed:
+        streak["count"], streak["error"] = 0, ""
+        return
+    first = outcome.failures[0]
+    key = f"{first.error_type}: {first.error}"
+    streak["count"] = streak["count"] + 1 if key == streak["error"] or not streak["error"] else 1
+    streak["error"] = key
+    if streak["count"] >= limit and not fatal:
+        fatal.append(
+            RunAborted(
+                f"stopping: {limit} groups in a row failed with {key}",
+                hint="see failures.jsonl; fix the server or env and continue with --resume",
+            )
+        )
+        stop.set()
