@@ -11,6 +11,7 @@ import importlib.util
 import inspect
 import sys
 from dataclasses import dataclass
+from functools import cache
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
@@ -32,8 +33,40 @@ class EnvInfo:
     source: str
 
 
-def bundled_env_names() -> list[str]:
+def _bundled_modules() -> list[str]:
     return sorted(p.stem for p in bundled_dir("envs").glob("*.py") if not p.stem.startswith("_"))
+
+
+@cache
+def _bundled_index() -> dict[str, str]:
+    """Env name -> module stem (a module may be named differently from its env, e.g. math_env -> math)."""
+    index: dict[str, str] = {}
+    for stem in _bundled_modules():
+        try:
+            classes = _env_classes(_import_bundled(stem))
+        except Exception:  # a broken bundled module still gets listed (by its file name) with its error
+            classes = []
+        for cls in classes or []:
+            index.setdefault(cls.name, stem)
+        if not classes:
+            index.setdefault(stem, stem)
+    return index
+
+
+def bundled_env_names() -> list[str]:
+    return sorted(_bundled_index())
+
+
+def _bundled_module_for(env_name: str) -> str | None:
+    """The bundled module whose env class is named `env_name` (modules avoid stdlib names: math_env.py)."""
+    for stem in bundled_env_names():
+        try:
+            classes = _env_classes(_import_bundled(stem))
+        except (ImportError, SyntaxError, EnvLoadError):  # reported by list_envs, not here
+            continue
+        if any(cls.name == env_name for cls in classes):
+            return stem
+    return None
 
 
 def _env_classes(module: ModuleType) -> list[type[BaseEnv]]:
@@ -106,8 +139,17 @@ def resolve_env(spec: str) -> type[BaseEnv]:
         if not path.is_file():
             raise EnvNotFoundError(f"env file {path_part!r} does not exist", hint="check the path")
         return _pick_class(_import_file(path), class_name or None, path_part)
-    if path_part in bundled_env_names():
-        return _pick_class(_import_bundled(path_part), class_name or None, f"bundled env {path_part!r}")
+    index = _bundled_index()
+    if path_part in index:
+        module = _import_bundled(index[path_part])
+        if not class_name:
+            matching = [c for c in _env_classes(module) if c.name == path_part]
+            if len(matching) == 1:
+                return matching[0]
+        return _pick_class(module, class_name or None, f"bundled env {path_part!r}")
+    module_stem = _bundled_module_for(path_part)
+    if module_stem is not None:  # an env whose `name` differs from its file (math -> math_env.py)
+        return _pick_class(_import_bundled(module_stem), class_name or None, f"bundled env {path_part!r}")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == path_part:
             try:
@@ -135,6 +177,7 @@ def list_envs() -> list[EnvInfo]:
         try:
             cls = resolve_env(name)
             description = cls.description or (inspect.getdoc(cls) or "").split("\n")[0]
+            name = cls.name if cls.name != "env" else name
         except (EnvLoadError, ImportError) as exc:
             description = f"(cannot load: {exc})"
         infos.append(EnvInfo(name, description, "bundled"))

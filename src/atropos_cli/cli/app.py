@@ -33,7 +33,15 @@ def _root(
 # Each module exposes `register(app)`; order is the order of `atropos --help`.
 COMMAND_MODULES = (
     "atropos_cli.cli.process",
+    "atropos_cli.cli.evaluate",
+    "atropos_cli.cli.init_env",
+    "atropos_cli.cli.view",
     "atropos_cli.cli.envs",
+    "atropos_cli.cli.api",
+    "atropos_cli.cli.serve",
+    "atropos_cli.cli.datagen",
+    "atropos_cli.cli.train",
+    "atropos_cli.cli.inference",
 )
 
 
@@ -47,3 +55,7 @@ _register_all()
 
 def main() -> None:
     app()
+
+
+if __name__ == "__main__":
+    main()
