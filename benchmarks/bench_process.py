@@ -1,0 +1,77 @@
+"""Throughput of `atropos process` against the fake inference server with injected latency.
+
+Ideal groups/s = concurrency / latency / requests per group (the bundled SimpleEnvs make one request of
+n = group_size per group). The fake server runs in its own process so it does not share our GIL.
+Atropos' `process` runs one group at a time (issue 2 measured 4.9 groups/s at 200 ms here).
+
+    python benchmarks/bench_process.py [--latency 0.2] [--concurrency 1 16 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from atropos_cli.envsetup import load_env
+from atropos_cli.rollout import run_groups
+from atropos_cli.testing import free_port
+from atropos_cli.writers.jsonl import JsonlWriter
+
+
+def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "atropos_cli.testing.fake_server", "--port", str(port), "--rule", "arithmetic",
+         "--latency", str(latency)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    url = proc.stdout.readline().strip()  # printed once ready
+    return proc, url
+
+
+async def measure(url: str, concurrency: int, groups: int, out: Path) -> float:
+    loaded = load_env("arithmetic", ["--openai.base_url", url, "--env.total_steps", str(groups)], None)
+    await loaded.env.setup()
+    with JsonlWriter(out) as writer:
+        def sink(outcome):
+            for group in outcome.groups:
+                writer.write(group)
+        started = time.perf_counter()
+        await run_groups(loaded.env, num_items=groups, concurrency=concurrency, on_outcome=sink)
+        elapsed = time.perf_counter() - started
+    await loaded.server.aclose()
+    return elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--latency", type=float, default=0.2)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--rounds", type=int, default=20, help="groups per worker")
+    args = parser.parse_args()
+    proc, url = start_fake_server(args.latency)
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for concurrency in args.concurrency:
+                groups = concurrency * args.rounds
+                elapsed = asyncio.run(measure(url, concurrency, groups, Path(tmp) / f"c{concurrency}.jsonl"))
+                ideal = concurrency / args.latency
+                rows.append((concurrency, groups, elapsed, groups / elapsed, ideal))
+    finally:
+        proc.terminate()
+        proc.wait()
+    print(f"atropos process vs fake server, {args.latency * 1000:.0f} ms per request, 1 request per group (n=8)")
+    print(f"{'concurrency':>11} {'groups':>7} {'seconds':>8} {'groups/s':>9} {'ideal':>7} {'% ideal':>8}")
+    for concurrency, groups, elapsed, rate, ideal in rows:
+        print(f"{concurrency:>11} {groups:>7} {elapsed:>8.2f} {rate:>9.1f} {ideal:>7.1f} {100 * rate / ideal:>7.1f}%")
+    print(f"{'Atropos':>11} {'':>7} {'':>8} {4.9:>9.1f} {'':>7} {'':>8}  (one group at a time; issue 2, same latency)")
+
+
+if __name__ == "__main__":
+    main()
