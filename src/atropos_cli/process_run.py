@@ -245,6 +245,7 @@ def finish_outputs(paths: RunPaths) -> None:
 
     if not paths.groups.exists():
         return
-    write_parquet((s.group for s in iter_groups([paths.groups])), paths.parquet)
+    groups = list(iter_groups([paths.groups]))  # read (and validate) once, feed both writers
+    write_parquet((s.group for s in groups), paths.parquet)
     failures = sum(1 for _ in paths.failures.open()) if paths.failures.exists() else 0
-    render_html(iter_groups([paths.groups]), paths.html, title=f"atropos run: {paths.root}", failures=failures)
+    render_html(groups, paths.html, title=f"atropos run: {paths.root}", failures=failures)

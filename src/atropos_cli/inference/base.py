@@ -42,6 +42,8 @@ class SamplingParams(BaseModel):
     stop: list[str] | None = None
     seed: int | None = None
     logprobs: bool = True
+    extra_body: dict[str, Any] | None = None
+    """Vendor fields sent as-is in the request body by HTTP backends (e.g. vLLM's `top_k`); local ignores it."""
 
 
 class ChatMessage(BaseModel):

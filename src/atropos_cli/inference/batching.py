@@ -1,0 +1,129 @@
+"""The request batcher of the local backend: concurrent requests become one batched model call.
+
+Callers `await batcher.submit(job)` from the event loop. A collector task takes the first waiting job, then
+gathers whatever else arrives until no new job came for `max_wait_s` (at most `max_hold_s` in all, and up to
+`max_batch_size` rows, a job counting `size(job)` rows, e.g. its `n`), and runs `run(jobs) -> results` in ONE worker thread, so the event loop never blocks on
+the model and model calls never overlap (a weight swap between two calls is therefore atomic). Jobs that
+arrive while a batch runs wait in the queue and form the next batch. Knows nothing about torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+__all__ = ["RequestBatcher"]
+
+J = TypeVar("J")
+R = TypeVar("R")
+
+
+@dataclass
+class _Pending(Generic[J]):
+    job: J
+    future: asyncio.Future[Any] = field(repr=False)
+
+
+class RequestBatcher(Generic[J, R]):
+    """Collects jobs into batches of at most `max_batch_size` rows and runs them in one worker thread."""
+
+    def __init__(
+        self,
+        run: Callable[[list[J]], list[R]],
+        size: Callable[[J], int],
+        max_batch_size: int = 128,
+        max_wait_s: float = 0.002,
+        max_hold_s: float = 0.02,
+    ) -> None:
+        self._run = run
+        self._size = size
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self.max_hold_s = max_hold_s
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atropos-model")
+        self._queue: asyncio.Queue[_Pending[J]] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.batches_run = 0
+        self.rows_run = 0
+
+    def _ensure_started(self) -> asyncio.Queue[_Pending[J]]:
+        loop = asyncio.get_running_loop()
+        # A new event loop (e.g. a second asyncio.run) needs its own queue and collector task.
+        if self._queue is None or self._loop is not loop or self._task is None or self._task.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._task = loop.create_task(self._collect(self._queue), name="atropos-batch-collector")
+        return self._queue
+
+    async def submit(self, job: J) -> R:
+        """Queue one job and wait for its result (or its exception)."""
+        queue = self._ensure_started()
+        future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
+        queue.put_nowait(_Pending(job, future))
+        return await future
+
+    async def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run `fn(*args)` in the model thread, between batches (used for weight swaps and warm-up)."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    async def _gather(self, queue: asyncio.Queue[_Pending[J]], carry: deque[_Pending[J]]) -> list[_Pending[J]]:
+        loop = asyncio.get_running_loop()
+        batch = [carry.popleft() if carry else await queue.get()]
+        rows = self._size(batch[0].job)
+        # Wait for a quiet gap of max_wait_s after the LAST arrival (requests parsed one by one by an HTTP
+        # server trickle in ~1 ms apart), but never longer than max_hold_s in total.
+        hard_stop = loop.time() + self.max_hold_s
+        while rows < self.max_batch_size:
+            if carry:
+                nxt = carry.popleft()
+            elif not queue.empty():
+                nxt = queue.get_nowait()
+            else:
+                remaining = min(self.max_wait_s, hard_stop - loop.time())
+                if remaining <= 0:
+                    break
+                try:
+                    nxt = await asyncio.wait_for(queue.get(), remaining)
+                except asyncio.TimeoutError:
+                    break
+            if rows + self._size(nxt.job) > self.max_batch_size:
+                carry.appendleft(nxt)  # does not fit: it opens the next batch
+                break
+            batch.append(nxt)
+            rows += self._size(nxt.job)
+        return [p for p in batch if not p.future.cancelled()]
+
+    async def _collect(self, queue: asyncio.Queue[_Pending[J]]) -> None:
+        carry: deque[_Pending[J]] = deque()
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = await self._gather(queue, carry)
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(self._executor, self._run, [p.job for p in batch])
+            except Exception as exc:  # the whole batch failed: every waiting caller gets the error
+                for pending in batch:
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                continue
+            self.batches_run += 1
+            self.rows_run += sum(self._size(p.job) for p in batch)
+            for pending, result in zip(batch, results, strict=True):
+                if not pending.future.done():
+                    pending.future.set_result(result)
+
+    async def aclose(self) -> None:
+        """Stop the collector and the worker thread; waiting callers are cancelled."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
+            if self._loop is asyncio.get_running_loop():  # a task of a finished loop cannot be awaited
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
+        self._executor.shutdown(wait=False, cancel_futures=True)

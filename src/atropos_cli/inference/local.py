@@ -1,0 +1,301 @@
+"""The in-process `transformers` backend (`server_type: local`): a causal LM sampled in a worker thread.
+
+Flow: `chat(messages, params)` renders the chat template and tokenizes (or `complete(prompt)` takes text or
+ids) -> a `_Job` goes to the `RequestBatcher`, which merges concurrent jobs into one batch -> `_run_jobs`
+expands each job into `n` rows and calls `sample_rows` (in `inference/sampler.py`'s spirit, kept here: a
+hand-written loop over the model's forward with a KV cache, left padding, per-row temperature / top-p /
+seed / stop strings) -> `Generation` with prompt token ids, completion token ids and one logprob per
+completion token.
+
+Logprobs are what vLLM returns by default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's
+raw logits at each step, before temperature and top-p, evaluated at the sampled token. They therefore equal
+a plain forward pass of the same model over prompt + completion, which is what a trainer recomputes.
+`token_ids` include the EOS token when the model stopped on its own (its text does not).
+
+`reload(path)` loads new weights (and the tokenizer, when the directory has one) and swaps them in between
+two batches; `version` counts swaps. torch and transformers are imported only when a backend is built.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from atropos_cli.errors import ConfigError, InferenceError, ModelLoadError
+from atropos_cli.inference.base import Choice, Generation, SamplingParams, ServerConfig, Usage
+from atropos_cli.inference.batching import RequestBatcher
+from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
+from atropos_cli.resources import resolve_model_path, shipped_models
+
+__all__ = ["LocalBackend", "LocalChoice", "BadRequestError", "load_model", "resolve_device", "resolve_dtype"]
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+class BadRequestError(InferenceError):
+    """The request cannot be served as asked (prompt too long, no chat template, bad role): HTTP 400."""
+
+
+class LocalChoice(Choice):
+    """A choice plus the top-k alternatives per token, when asked for: [(token id, logprob), ...] per step."""
+
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class _Loaded:
+    """What one batch reads at its start; replaced as a whole by `reload`, so a swap is atomic."""
+
+    model: Any
+    tokenizer: Any
+    version: int
+    path: str
+
+
+@dataclass
+class _Job:
+    prompt_ids: list[int]
+    params: SamplingParams
+    top_logprobs: int
+
+
+def resolve_device(name: str) -> str:
+    """`auto` picks cuda, then mps, then cpu."""
+    import torch
+
+    if name != "auto":
+        return name
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    return "mps" if mps is not None and mps.is_available() else "cpu"
+
+
+def resolve_dtype(name: str, device: str) -> Any:
+    """`auto` is bfloat16 on CUDA and float32 elsewhere (CPU matmuls in bf16 are slow and less exact)."""
+    import torch
+
+    if name not in DTYPES:
+        raise ConfigError(f"unknown dtype {name!r}", hint=f"use one of: {', '.join(DTYPES)}")
+    if name == "auto":
+        return torch.bfloat16 if device.startswith("cuda") else torch.float32
+    return getattr(torch, name)
+
+
+def _looks_like_path(name: str) -> bool:
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+
+
+def load_model(name: str, device: str, dtype: str) -> _Loaded:
+    """Load tokenizer + model from a shipped short name, a directory or a hub id, with errors that say why."""
+    from atropos_cli.tokens import load_tokenizer
+
+    path = resolve_model_path(name)
+    if not Path(path).exists() and _looks_like_path(path):
+        shipped = ", ".join(shipped_models()) or "none"
+        raise ModelLoadError(
+            f"model path {path!r} does not exist", hint=f"pass a saved model directory or a shipped model: {shipped}"
+        )
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise ModelLoadError(f"directory {path!r} has no config.json", hint="save the model with save_pretrained")
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        raise ModelLoadError(
+            f"directory {path!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])})",
+            hint="save one beside the weights with tokenizer.save_pretrained(DIR)",
+        )
+    try:
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise ModelLoadError(
+            f"cannot load {name!r}: transformers is not installed", hint='pip install "atropos[local]"'
+        ) from None
+    hf_logging.disable_progress_bar()  # "Loading weights" bars would interleave with our own progress output
+    tokenizer = load_tokenizer(path)
+    torch_device = resolve_device(device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, torch_device))
+    except OSError as exc:
+        raise ModelLoadError(
+            f"cannot load model {name!r}: not a local directory, and the Hugging Face hub is unreachable "
+            f"(offline?) or has no such repo ({type(exc).__name__})",
+            hint="pass a local directory (a saved model), or a shipped model: " + ", ".join(shipped_models()),
+        ) from None
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path)
+
+
+def _set_cpu_threads(model: Any, num_threads: int | None) -> None:
+    """On CPU, a small model runs fastest on ONE thread: its matmuls are too small to split, and on a shared
+    machine extra OpenMP threads spin-wait for busy cores (measured 10-30x slower on 2 contended cores)."""
+    import torch
+
+    if model.device.type != "cpu":
+        return
+    if num_threads is None:
+        small = sum(p.numel() for p in model.parameters()) < 50_000_000
+        num_threads = 1 if small else torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+
+
+class LocalBackend:
+    """InferenceBackend over an in-process transformers model; concurrent calls are batched."""
+
+    def __init__(
+        self,
+        config: ServerConfig,
+        max_batch_size: int = 128,
+        max_wait_s: float = 0.002,
+        num_threads: int | None = None,
+    ) -> None:
+        self.config = config
+        self.model_name = config.model_name
+        self._state = load_model(config.model_name, config.device, config.dtype)
+        self.device = str(self._state.model.device)
+        _set_cpu_threads(self._state.model, num_threads)
+        self._batcher: RequestBatcher[_Job, list[RowResult]] = RequestBatcher(
+            self._run_jobs, lambda job: job.params.n, max_batch_size=max_batch_size, max_wait_s=max_wait_s
+        )
+
+    # -- what callers read -------------------------------------------------------------------------------
+    @property
+    def tokenizer(self) -> Any:
+        return self._state.tokenizer
+
+    @property
+    def tokenizer_name(self) -> str:
+        return self._state.path
+
+    @property
+    def version(self) -> int:
+        return self._state.version
+
+    @property
+    def max_model_len(self) -> int:
+        config = self._state.model.config
+        return int(getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length)
+
+    @property
+    def batcher(self) -> RequestBatcher[_Job, list[RowResult]]:
+        return self._batcher
+
+    # -- requests --------------------------------------------------------------------------------------
+    def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Token ids of the chat rendered with the model's template, ending with the assistant header."""
+        from jinja2 import TemplateError
+
+        tokenizer = self.tokenizer
+        if tokenizer.chat_template is None:
+            raise BadRequestError(
+                f"model {self.model_name!r} has no chat template", hint="use the completions endpoint"
+            )
+        try:
+            text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as exc:
+            raise BadRequestError(f"the chat template rejected the messages: {exc}") from None
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    async def chat(self, messages: list[dict[str, Any]], params: SamplingParams, top_logprobs: int = 0) -> Generation:
+        return await self._generate(self.chat_prompt_ids(messages), params, top_logprobs)
+
+    async def complete(self, prompt: str | list[int], params: SamplingParams, top_logprobs: int = 0) -> Generation:
+        if isinstance(prompt, str):
+            ids = list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        else:
+            ids = list(prompt)
+            vocab = len(self.tokenizer)
+            bad = [t for t in ids if not 0 <= t < vocab]
+            if bad:
+                raise BadRequestError(f"prompt token id {bad[0]!r} is outside the vocabulary (0..{vocab - 1})")
+        return await self._generate(ids, params, top_logprobs)
+
+    async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int) -> Generation:
+        limit = self.max_model_len
+        if not prompt_ids:
+            raise BadRequestError("the prompt is empty", hint="send at least one token")
+        if len(prompt_ids) >= limit:
+            raise BadRequestError(
+                f"prompt is {len(prompt_ids)} tokens but model {self.model_name!r} has a context of {limit} tokens",
+                hint=f"shorten the prompt to at most {limit - 1} tokens",
+            )
+        rows = await self._batcher.submit(_Job(prompt_ids, params, top_logprobs))
+        choices = [self._choice(i, row, params) for i, row in enumerate(rows)]
+        completion_tokens = sum(len(r.token_ids) for r in rows)
+        return Generation(
+            model=self.model_name,
+            choices=choices,
+            prompt_token_ids=prompt_ids,
+            usage=Usage(
+                prompt_tokens=len(prompt_ids),
+                completion_tokens=completion_tokens,
+                total_tokens=len(prompt_ids) + completion_tokens,
+            ),
+        )
+
+    def _choice(self, index: int, row: RowResult, params: SamplingParams) -> LocalChoice:
+        return LocalChoice(
+            index=index,
+            text=row.text,
+            finish_reason=row.finish_reason,
+            token_ids=row.token_ids,
+            logprobs=row.logprobs if params.logprobs else None,
+            top_logprobs=row.top_logprobs,
+        )
+
+    def _run_jobs(self, jobs: list[_Job]) -> list[list[RowResult]]:
+        """In the model thread: one batched sampling pass over every row of every job."""
+        state = self._state  # read once: a reload during this batch takes effect at the next one
+        rows: list[RowRequest] = []
+        for job in jobs:
+            budget = self.max_model_len - len(job.prompt_ids)
+            max_new = min(job.params.max_tokens or budget, budget)
+            base_seed = job.params.seed if job.params.seed is not None else random.getrandbits(62)
+            for choice in range(job.params.n):
+                rows.append(
+                    RowRequest(
+                        prompt_ids=job.prompt_ids,
+                        max_new_tokens=max_new,
+                        temperature=job.params.temperature,
+                        top_p=job.params.top_p,
+                        stop=job.params.stop or [],
+                        seed=base_seed + choice,
+                        top_logprobs=job.top_logprobs,
+                    )
+                )
+        results = sample_rows(state.model, state.tokenizer, rows)
+        out, start = [], 0
+        for job in jobs:
+            out.append(results[start : start + job.params.n])
+            start += job.params.n
+        return out
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def reload(self, path: str) -> int:
+        """Load weights from `path` (a saved model directory) and swap them in; returns the new version."""
+        directory = Path(resolve_model_path(path))
+        if not directory.is_dir():
+            raise ModelLoadError(f"checkpoint directory {str(path)!r} does not exist", hint="pass a saved model dir")
+        if not (directory / "config.json").is_file():
+            raise ModelLoadError(f"directory {str(path)!r} has no config.json", hint="save it with save_pretrained")
+        has_tokenizer = any((directory / f).is_file() for f in TOKENIZER_FILES)
+        if has_tokenizer:
+            fresh = load_model(str(directory), self.config.device, self.config.dtype)
+        else:
+            from transformers import AutoModelForCausalLM
+
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=self._state.model.dtype)
+            fresh = _Loaded(model.to(self._state.model.device).eval(), self._state.tokenizer, 0, str(directory))
+        fresh.version = self._state.version + 1
+        self._state = fresh  # one attribute store: atomic for the batch thread
+        return fresh.version
+
+    async def areload(self, path: str) -> int:
+        """`reload` in the model thread, so the swap lands between two batches."""
+        return await self._batcher.run_in_worker(self.reload, path)
+
+    async def aclose(self) -> None:
+        await self._batcher.aclose()

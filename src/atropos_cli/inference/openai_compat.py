@@ -1,0 +1,294 @@
+"""The backend for any OpenAI-compatible HTTP server (OpenAI, vLLM, SGLang, TRL, our fake server).
+
+One request in, one `Generation` out, no retries here: the router (`router.py`) owns retries, backoff,
+routing and the `n` fallbacks. This module owns the wire details:
+
+- request body: sampling args, plus `logprobs` when asked; for vLLM also `return_token_ids` (vLLM >= 0.10
+  answers with top-level `prompt_token_ids` and per-choice `token_ids` on chat, per-choice `prompt_token_ids`
+  and `token_ids` on completions);
+- response parsing: we read the raw JSON ourselves, so vendor fields survive and a non-JSON body is caught;
+- errors: openai exceptions become `RetryableError` (429, 5xx, timeout, connection) or `BadResponseError`
+  (any other 4xx, garbage); a 400 that names `logprobs`/`return_token_ids` is retried once without them and
+  the server is remembered as not supporting them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from typing import Any, Literal
+
+from atropos_cli.errors import BadResponseError, InferenceError
+from atropos_cli.inference.base import Choice, Generation, SamplingParams, ServerConfig, Usage
+
+__all__ = ["OpenAICompatBackend", "RetryableError", "parse_chat", "parse_completion"]
+
+# Servers whose OpenAI API returns token ids when asked with `return_token_ids`.
+_TOKEN_ID_SERVERS = ("vllm",)
+_EXTRA_FIELDS = ("logprobs", "return_token_ids", "token_ids", "top_logprobs")
+
+
+class RetryableError(InferenceError):
+    """A failure worth retrying (maybe on another server): 429, 5xx, a timeout, or no connection."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str,
+        kind: Literal["connection", "timeout", "status"],
+        status: int | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.url = url
+        self.kind = kind
+        self.status = status
+        self.retry_after = retry_after
+
+
+class OpenAICompatBackend:
+    """`InferenceBackend` over the `openai` package's AsyncOpenAI (its own retries off: the router retries)."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        if not config.base_url:
+            raise InferenceError(
+                f"server {config.model_name!r} of type {config.server_type!r} has no base_url",
+                hint="pass --openai.base_url http://HOST:PORT/v1, or --openai.server_type local",
+            )
+        self.config = config
+        self.model_name = config.model_name
+        self.base_url = config.base_url.rstrip("/")
+        self.tokenizer = None
+        # Flipped when the server answers 400 to logprobs/return_token_ids; we stop asking.
+        self.extras_supported = True
+        self._client: Any = None
+        self._client_loop: asyncio.AbstractEventLoop | None = None
+
+    def _get_client(self) -> Any:
+        # An httpx pool belongs to one event loop; a new loop (e.g. a second asyncio.run) needs a new client.
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            from openai import AsyncOpenAI
+
+            self._client = AsyncOpenAI(
+                base_url=self.base_url,
+                api_key=self.config.api_key or "EMPTY",
+                timeout=self.config.timeout,
+                max_retries=0,
+            )
+            self._client_loop = loop
+        return self._client
+
+    def _sampling(self, params: SamplingParams) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.config.model_name,
+            "n": params.n,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+        }
+        for key in ("max_tokens", "stop", "seed"):
+            value = getattr(params, key)
+            if value is not None:
+                body[key] = value
+        return body
+
+    def _extra_body(self, params: SamplingParams, extras: bool) -> dict[str, Any] | None:
+        extra = dict(params.extra_body or {})
+        if extras and self.config.server_type in _TOKEN_ID_SERVERS:
+            extra.setdefault("return_token_ids", True)
+        return extra or None
+
+    async def chat(self, messages: list[dict[str, Any]], params: SamplingParams) -> Generation:
+        async def send(extras: bool) -> Any:
+            body = {**self._sampling(params), "messages": messages}
+            if extras:
+                body["logprobs"] = True
+            return await self._get_client().chat.completions.with_raw_response.create(
+                **body, extra_body=self._extra_body(params, extras)
+            )
+
+        data = await self._send(send, params)
+        return parse_chat(data, self.base_url, self.model_name)
+
+    async def complete(self, prompt: str | list[int], params: SamplingParams) -> Generation:
+        async def send(extras: bool) -> Any:
+            body = {**self._sampling(params), "prompt": prompt}
+            if extras:
+                body["logprobs"] = 0  # legacy API: an int; 0 = only the sampled token's logprob
+            return await self._get_client().completions.with_raw_response.create(
+                **body, extra_body=self._extra_body(params, extras)
+            )
+
+        data = await self._send(send, params)
+        return parse_completion(data, self.base_url, self.model_name)
+
+    async def _send(self, send: Any, params: SamplingParams) -> dict[str, Any]:
+        """Send once (once more without logprobs if the server rejects them); return the parsed JSON body."""
+        import openai
+
+        extras = params.logprobs and self.extras_supported
+        try:
+            try:
+                raw = await send(extras)
+            except openai.BadRequestError as exc:
+                if not (extras and _names_extras(exc)):
+                    raise
+                self.extras_supported = False
+                raw = await send(False)
+        except openai.APIError as exc:
+            raise map_openai_error(exc, self.base_url) from None
+        return _json_body(raw.content, self.base_url)
+
+    async def aclose(self) -> None:
+        if self._client is not None:
+            client, self._client = self._client, None
+            # RuntimeError: its event loop is already closed, so there is nothing left to release
+            with contextlib.suppress(RuntimeError):
+                await client.close()
+
+
+def _names_extras(exc: Any) -> bool:
+    text = f"{getattr(exc, 'message', '')} {getattr(exc, 'body', '')}".lower()
+    return any(field in text for field in _EXTRA_FIELDS)
+
+
+def map_openai_error(exc: Any, url: str) -> InferenceError:
+    """openai exception -> RetryableError (429, 5xx, timeout, connection) or BadResponseError (other 4xx)."""
+    import openai
+
+    if isinstance(exc, openai.APITimeoutError):
+        return RetryableError(f"inference server at {url!r} timed out", url=url, kind="timeout")
+    if isinstance(exc, openai.APIConnectionError):
+        return RetryableError(f"no inference server answered at {url!r}", url=url, kind="connection")
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        detail = _detail(exc)
+        if status == 429 or status >= 500:
+            return RetryableError(
+                f"inference server at {url!r} answered HTTP {status}: {detail}",
+                url=url,
+                kind="status",
+                status=status,
+                retry_after=_retry_after(exc.response.headers.get("retry-after")),
+            )
+        return BadResponseError(
+            f"inference server at {url!r} rejected the request: HTTP {status}: {detail}", hint=_hint(status)
+        )
+    return BadResponseError(f"inference server at {url!r} failed: {type(exc).__name__}: {exc}")
+
+
+def _detail(exc: Any) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        message = body.get("message") or (body.get("error") or {}).get("message") or body.get("detail")
+        if message:
+            return repr(str(message)[:300])
+    return repr(str(getattr(exc, "message", exc))[:300])
+
+
+def _hint(status: int) -> str:
+    if status in (401, 403):
+        return "check --openai.api_key"
+    if status == 404:
+        return "check --openai.model_name and that --openai.base_url ends with /v1"
+    return "check the sampling arguments and --openai.model_name against what the server accepts"
+
+
+def _retry_after(value: str | None) -> float | None:
+    try:
+        return max(0.0, float(value)) if value is not None else None
+    except ValueError:  # an HTTP date: rare from inference servers; fall back to our own backoff
+        return None
+
+
+def _json_body(content: bytes, url: str) -> dict[str, Any]:
+    try:
+        data = json.loads(content)
+    except (ValueError, UnicodeDecodeError):
+        raise BadResponseError(
+            f"inference server at {url!r} answered with something that is not JSON: {content[:120]!r}",
+            hint="is --openai.base_url pointing at an OpenAI-compatible server (ending in /v1)?",
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+        raise BadResponseError(
+            f"inference server at {url!r} answered without choices: {json.dumps(data)[:200]!r}",
+            hint="is --openai.base_url pointing at an OpenAI-compatible server (ending in /v1)?",
+        )
+    if not all(isinstance(c, dict) for c in data["choices"]):
+        raise BadResponseError(f"inference server at {url!r} answered malformed choices: {str(data)[:200]!r}")
+    return data
+
+
+def _int_list(value: Any) -> list[int] | None:
+    if isinstance(value, list) and all(isinstance(v, int) for v in value):
+        return list(value)
+    return None
+
+
+def _usage(data: dict[str, Any]) -> Usage:
+    raw = data.get("usage")
+    if not isinstance(raw, dict):
+        return Usage()
+    return Usage(**{k: int(raw.get(k) or 0) for k in ("prompt_tokens", "completion_tokens", "total_tokens")})
+
+
+def _chat_logprobs(choice: dict[str, Any]) -> list[float] | None:
+    content = (choice.get("logprobs") or {}).get("content")
+    if not isinstance(content, list):
+        return None
+    return [float(entry["logprob"]) for entry in content if isinstance(entry, dict) and "logprob" in entry]
+
+
+def _completion_logprobs(choice: dict[str, Any]) -> list[float] | None:
+    values = (choice.get("logprobs") or {}).get("token_logprobs")
+    if not isinstance(values, list):
+        return None
+    return [float(v) for v in values if v is not None]
+
+
+def parse_chat(data: dict[str, Any], url: str, model: str) -> Generation:
+    """A chat.completion JSON body -> Generation (token ids/logprobs only where the server sent them)."""
+    choices = []
+    for index, raw in enumerate(data["choices"]):
+        message = raw.get("message")
+        if not isinstance(message, dict):
+            raise BadResponseError(f"inference server at {url!r} answered a choice without a message: {raw!r}")
+        choices.append(
+            Choice(
+                index=index,
+                text=message.get("content") or "",
+                finish_reason=raw.get("finish_reason"),
+                token_ids=_int_list(raw.get("token_ids")),
+                logprobs=_chat_logprobs(raw),
+            )
+        )
+    return Generation(
+        model=str(data.get("model") or model),
+        choices=choices,
+        prompt_token_ids=_int_list(data.get("prompt_token_ids")),
+        usage=_usage(data),
+    )
+
+
+def parse_completion(data: dict[str, Any], url: str, model: str) -> Generation:
+    """A text_completion JSON body -> Generation. vLLM puts `prompt_token_ids` on each choice here."""
+    choices = []
+    for index, raw in enumerate(data["choices"]):
+        text = raw.get("text")
+        if text is not None and not isinstance(text, str):
+            raise BadResponseError(f"inference server at {url!r} answered a non-text choice: {raw!r}")
+        choices.append(
+            Choice(
+                index=index,
+                text=text or "",
+                finish_reason=raw.get("finish_reason"),
+                token_ids=_int_list(raw.get("token_ids")),
+                logprobs=_completion_logprobs(raw),
+            )
+        )
+    prompt_ids = _int_list(data.get("prompt_token_ids")) or _int_list(data["choices"][0].get("prompt_token_ids"))
+    return Generation(
+        model=str(data.get("model") or model), choices=choices, prompt_token_ids=prompt_ids, usage=_usage(data)
+    )

@@ -1,0 +1,36 @@
+"""Shared fixtures. Keep each one small and documented; append new ones at the end.
+
+- `fake_server(**kwargs)`: start a real OpenAI-compatible `FakeInferenceServer` on 127.0.0.1 (a free port);
+  every server started through it is stopped when the test ends.
+- `free_port()`: a port nobody listens on (import it from `atropos_cli.testing`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from atropos_cli.testing import free_port
+
+__all__ = ["free_port"]
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Callable[..., Any]]:
+    """Factory: `srv = fake_server(rule="arithmetic", latency_s=0.1)`; `srv.base_url` ends in /v1."""
+    from atropos_cli.testing.fake_server import FakeInferenceServer
+
+    started: list[FakeInferenceServer] = []
+
+    def start(*args: Any, **kwargs: Any) -> FakeInferenceServer:
+        server = FakeInferenceServer(*args, **kwargs).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:  # shut down in parallel: each one takes a few uvicorn ticks
+        server.request_stop()
+    for server in started:
+        server.stop()
