@@ -57,18 +57,6 @@ def bundled_env_names() -> list[str]:
     return sorted(_bundled_index())
 
 
-def _bundled_module_for(env_name: str) -> str | None:
-    """The bundled module whose env class is named `env_name` (modules avoid stdlib names: math_env.py)."""
-    for stem in bundled_env_names():
-        try:
-            classes = _env_classes(_import_bundled(stem))
-        except (ImportError, SyntaxError, EnvLoadError):  # reported by list_envs, not here
-            continue
-        if any(cls.name == env_name for cls in classes):
-            return stem
-    return None
-
-
 def _env_classes(module: ModuleType) -> list[type[BaseEnv]]:
     return [
         obj
@@ -140,16 +128,14 @@ def resolve_env(spec: str) -> type[BaseEnv]:
             raise EnvNotFoundError(f"env file {path_part!r} does not exist", hint="check the path")
         return _pick_class(_import_file(path), class_name or None, path_part)
     index = _bundled_index()
-    if path_part in index:
-        module = _import_bundled(index[path_part])
+    stem = index.get(path_part) or (path_part if path_part in _bundled_modules() else None)
+    if stem is not None:  # by env name (math), or by its module's file name (math_env)
+        module = _import_bundled(stem)
         if not class_name:
             matching = [c for c in _env_classes(module) if c.name == path_part]
             if len(matching) == 1:
                 return matching[0]
         return _pick_class(module, class_name or None, f"bundled env {path_part!r}")
-    module_stem = _bundled_module_for(path_part)
-    if module_stem is not None:  # an env whose `name` differs from its file (math -> math_env.py)
-        return _pick_class(_import_bundled(module_stem), class_name or None, f"bundled env {path_part!r}")
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name == path_part:
             try:

@@ -1,0 +1,96 @@
+"""Loading an env's records: a local jsonl/json/parquet file (`--env.data_path`) or a Hugging Face dataset.
+
+Used by the dataset-backed envs (gsm8k, math, code, judge). Local files are read without `datasets`; the hub
+path imports `datasets` only when it is taken, so listing envs and offline tests never touch it. Missing
+files and missing columns are `ConfigError`s that name the path and the columns.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from atropos_cli.errors import ConfigError
+
+__all__ = ["load_local_records", "load_hub_records", "check_columns", "cycle_shuffled"]
+
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def load_local_records(path: str | Path) -> list[dict[str, Any]]:
+    """Rows of a .jsonl / .json (list of objects) / .parquet file, as dicts."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"data file {str(path)!r} does not exist",
+            hint="pass --env.data_path PATH to a .jsonl, .json or .parquet file",
+        )
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        return pq.read_table(path).to_pylist()
+    if suffix == ".jsonl":
+        return _read_jsonl(path)
+    if suffix == ".json":
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
+            raise ConfigError(f"{path}: a .json data file must hold a list of objects")
+        return data
+    raise ConfigError(
+        f"data file {str(path)!r} has an unsupported suffix {suffix!r}",
+        hint="use one of: " + ", ".join(LOCAL_SUFFIXES),
+    )
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+        rows.append(row)
+    return rows
+
+
+def load_hub_records(name: str, config: str | None, split: str) -> list[dict[str, Any]]:
+    """A split of a hub dataset through `datasets` (network on first use, then its cache)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ConfigError(
+            f"loading {name!r} from the Hugging Face hub needs the `datasets` package",
+            hint='pip install "atropos[hf]", or pass --env.data_path to a local file',
+        ) from None
+    return list(datasets.load_dataset(name, config, split=split))
+
+
+def check_columns(rows: Sequence[dict[str, Any]], required: Sequence[str], source: str) -> None:
+    """Raise a ConfigError naming every required column the first row lacks (and the ones it has)."""
+    if not rows:
+        raise ConfigError(f"{source} has no rows", hint="point --env.data_path at a non-empty file")
+    missing = [c for c in required if c not in rows[0]]
+    if missing:
+        raise ConfigError(
+            f"{source} lacks column(s) {', '.join(repr(c) for c in missing)}",
+            hint=f"columns found: {', '.join(sorted(rows[0]))}; needed: {', '.join(required)}",
+        )
+
+
+def cycle_shuffled(rows: Sequence[Any], seed: int) -> Iterator[Any]:
+    """Endless epochs over `rows`, reshuffled each epoch with a seeded RNG (the train split's order)."""
+    epoch = 0
+    while True:
+        order = list(range(len(rows)))
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        for index in order:
+            yield rows[index]
+        epoch += 1

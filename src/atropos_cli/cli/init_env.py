@@ -1,0 +1,28 @@
+"""`atropos init-env NAME`: scaffold a working env file and its test."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from atropos_cli.cli.common import cli_errors, console
+
+
+def init_env_command(
+    name: Annotated[str, typer.Argument(help="Env name: a Python module name such as my_task.")],
+    out: Annotated[Path, typer.Option("--out", help="Directory to write NAME.py and test_NAME.py into.")] = Path("."),
+    overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
+) -> None:
+    """Write NAME.py (a declarative env: items, prompt, reward) and test_NAME.py; both pass as written."""
+    from atropos_cli.scaffold import scaffold_env
+
+    with cli_errors():
+        env_file, test_file = scaffold_env(name, out, overwrite=overwrite)
+    console.print(f"wrote {env_file} and {test_file}")
+    console.print(f"next: pytest {test_file}  ·  atropos process {env_file} --num-groups 8")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init-env")(init_env_command)

@@ -1,0 +1,103 @@
+"""Token bookkeeping for multi-turn rollouts: ids, masks and logprobs that stay exact across turns.
+
+The bug this prevents (the most reported one in peers): re-rendering and re-tokenising the whole chat at
+every turn can tokenise the model's earlier replies differently from how the model produced them (BPE
+merges across a boundary, templates that rewrite or strip past assistant turns), so the trained tokens are
+not the sampled ones and the logprobs no longer line up.
+
+`TokenTrace` never re-tokenises what is already there. It appends:
+- the first prompt, rendered with the chat template (masked, -100);
+- each reply's tokens exactly as the backend returned them (trained: mask = token id, with their logprobs),
+  or, for backends without token ids, the reply text encoded once;
+- between turns, only the *bridge*: the template text after the assistant's content up to the next
+  assistant header (end-of-turn marker, the env's new messages, the generation prompt), found by rendering
+  the chat with a sentinel in place of the reply and cut at the sentinel. Bridges are masked.
+
+So the ids of turn k's prompt are a prefix of turn k+1's (`prompt_ids()` after each `add_messages`), and
+`tokens`/`masks`/`logprobs` line up one to one for the trainer (masked logprob = 1.0, Atropos' convention).
+Used by the multi-turn envs (blackjack); sits between the env and `ScoredGroup`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
+from atropos_cli.types import Message
+
+__all__ = ["TokenTrace"]
+
+_SENTINEL = "\u2063ATROPOS_REPLY\u2063"
+
+
+class TokenTrace:
+    """One rollout's conversation and its aligned tokens, masks and logprobs."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.messages: list[Message] = []
+        self.tokens: list[int] = []
+        self.masks: list[int] = []
+        self.logprobs: list[float] | None = []
+        self._reply_had_eos = False
+
+    def start(self, messages: list[Message]) -> list[int]:
+        """Render the opening messages (ending with the assistant header); return the first prompt's ids."""
+        if self.messages:
+            raise ValueError("TokenTrace.start() was already called; use add_messages() for later turns")
+        self.messages = [dict(m) for m in messages]
+        self._append(chat_prompt_ids(self.tokenizer, self.messages), trained=False)
+        return self.prompt_ids()
+
+    def add_reply(
+        self,
+        text: str,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        finish_reason: str | None = None,
+    ) -> None:
+        """Append the model's reply: its own token ids when the backend gave them, else the text encoded once."""
+        if token_ids is None:
+            token_ids = list(self.tokenizer.encode(text, add_special_tokens=False))
+            if logprobs is not None and len(logprobs) != len(token_ids):
+                logprobs = None  # the server tokenised differently: its logprobs do not line up with ours
+        if logprobs is not None and len(logprobs) != len(token_ids):
+            raise ValueError(f"reply has {len(token_ids)} token ids but {len(logprobs)} logprobs")
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        self._reply_had_eos = bool(token_ids) and token_ids[-1] == eos
+        self._append(list(token_ids), trained=True, logprobs=logprobs)
+        self.messages.append({"role": "assistant", "content": text})
+
+    def add_messages(self, new_messages: list[Message]) -> list[int]:
+        """Append the env's messages after a reply (masked); return the next prompt's ids (old ids + bridge)."""
+        if not self.messages or self.messages[-1].get("role") != "assistant":
+            raise ValueError("add_messages() follows add_reply(): the last message must be the model's")
+        bridge = self._bridge_text(new_messages)
+        eos_text = getattr(self.tokenizer, "eos_token", None)
+        if self._reply_had_eos and eos_text and bridge.startswith(eos_text):
+            bridge = bridge[len(eos_text) :]  # the model already emitted the end-of-turn token
+        self._append(list(self.tokenizer.encode(bridge, add_special_tokens=False)), trained=False)
+        self.messages.extend(dict(m) for m in new_messages)
+        return self.prompt_ids()
+
+    def prompt_ids(self) -> list[int]:
+        return list(self.tokens)
+
+    def _bridge_text(self, new_messages: list[Message]) -> str:
+        chat = [*self.messages[:-1], {"role": "assistant", "content": _SENTINEL}, *new_messages]
+        rendered = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        if rendered.count(_SENTINEL) != 1:
+            raise ValueError("the chat template drops or repeats the assistant's reply; cannot bridge turns")
+        return rendered.split(_SENTINEL, 1)[1]
+
+    def _append(self, ids: list[int], *, trained: bool, logprobs: list[float] | None = None) -> None:
+        self.tokens.extend(ids)
+        self.masks.extend(ids if trained else [MASKED] * len(ids))
+        if self.logprobs is None:
+            return
+        if not trained:
+            self.logprobs.extend([MASKED_LOGPROB] * len(ids))
+        elif logprobs is not None:
+            self.logprobs.extend(float(x) for x in logprobs)
+        else:
+            self.logprobs = None  # one reply without logprobs: the rollout has none (never half-filled)
