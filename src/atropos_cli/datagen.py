@@ -1,0 +1,415 @@
+"""Rejection sampling: SFT rows and DPO pairs from scored groups, with a count of every rollout left out and why.
+
+Sits between the readers (rollout files, or a live trajectory API) and `dataset_writer`:
+
+    iter_groups(...) / iter_api_groups(...) ──► select_sft / select_dpo ──► SftRow / DpoRow ──► dataset_writer
+
+The selection rules follow Atropos' `atropos-sft-gen` / `atropos-dpo-gen` (spec §5), made deterministic and
+streaming (one group at a time; dedupe keeps only a set of 64-bit hashes). Every rollout read is accounted for
+exactly once: it becomes a row (SFT) or a pair's chosen side (DPO), or it is counted under one `DropReason`, so
+`rollouts_read == rows_written + sum(dropped)` always holds and a user can see where the data went.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Protocol
+
+from pydantic import BaseModel, Field
+
+from atropos_cli.errors import RecordError
+from atropos_cli.tokens import MASKED
+from atropos_cli.types import Message, ScoredGroup
+
+__all__ = [
+    "DropReason",
+    "SelectOptions",
+    "SftOptions",
+    "DpoOptions",
+    "Provenance",
+    "Sample",
+    "SftRow",
+    "DpoRow",
+    "DatagenStats",
+    "Sourced",
+    "select_sft",
+    "select_dpo",
+    "split_messages",
+    "row_key",
+]
+
+
+class DropReason(str, Enum):
+    """Why a rollout did not become a row; the value is what the summary table shows."""
+
+    NON_POSITIVE = "score <= 0"
+    BELOW_MIN_SCORE = "below --min-score"
+    MARGIN = "margin too small"
+    TOP_N = "over the per-group limit"
+    DUPLICATE = "duplicate"
+    TOO_LONG = "too long"
+    UNPARSEABLE = "unparseable"
+    LIMIT = "over --num-seqs-to-save"
+
+
+class SelectOptions(BaseModel):
+    """Filters shared by SFT and DPO selection (Atropos' flags plus ours)."""
+
+    allow_negative_scores: bool = False
+    minimum_score_diff_max_min: float = 0.0
+    min_score: float | None = None
+    max_token_len: int | None = Field(default=None, ge=1)
+    max_chars: int | None = Field(default=None, ge=1)
+    dedupe: bool = True
+    num_seqs_to_save: int | None = Field(default=None, ge=1)
+
+
+class SftOptions(SelectOptions):
+    save_top_n_per_group: int = Field(default=3, ge=1)
+
+
+class DpoOptions(SelectOptions):
+    minimum_score_diff_max_min: float = 0.5
+    save_n_pairs_per_group: int = Field(default=3, ge=1)
+    seed: int = 0
+
+
+@dataclass
+class DatagenStats:
+    """What a run read, wrote and left out (the summary table and the dataset card are built from this).
+
+    A plain dataclass, not pydantic: its counters are bumped once per rollout on the hot path.
+    """
+
+    groups_read: int = 0
+    rollouts_read: int = 0
+    rows_written: int = 0
+    bad_records: int = 0
+    _drops: dict[DropReason, int] = field(default_factory=dict)
+
+    def drop(self, reason: DropReason) -> None:
+        self._drops[reason] = self._drops.get(reason, 0) + 1
+
+    @property
+    def dropped(self) -> dict[str, int]:
+        """Rollouts left out, by the reason's text (`score <= 0`, `duplicate`, ...)."""
+        return {reason.value: count for reason, count in self._drops.items()}
+
+
+class Sourced(Protocol):
+    """A group with where it came from (readers' `SourcedGroup` and the API source both fit)."""
+
+    source: str
+    index: int
+    group: ScoredGroup
+
+
+@dataclass(slots=True, frozen=True)
+class Provenance:
+    source: str
+    group_id: str
+    env: str | None
+    model: str | None
+    item_id: str | None
+
+
+@dataclass(slots=True)
+class Sample:
+    """One rollout as text: the prompt turns and the completion turns, each message `{role, content}`."""
+
+    prompt: list[Message]
+    completion: list[Message]
+    # Set when the text was decoded from token ids: Atropos' legacy text records use it verbatim.
+    prompt_text: str | None = None
+    completion_text: str | None = None
+
+    def text_pair(self) -> tuple[str, str]:
+        """(prefix, completion) strings for Atropos' legacy text records."""
+        if self.prompt_text is not None and self.completion_text is not None:
+            return self.prompt_text, self.completion_text
+        return _join(self.prompt), _join(self.completion)
+
+
+@dataclass(slots=True)
+class SftRow:
+    sample: Sample
+    score: float
+    provenance: Provenance
+
+
+@dataclass(slots=True)
+class DpoRow:
+    prompt: list[Message]
+    chosen: Sample
+    rejected: Sample
+    score: float
+    rejected_score: float
+    provenance: Provenance
+
+
+def _join(messages: list[Message]) -> str:
+    return "\n\n".join(str(m["content"]) for m in messages)
+
+
+def split_messages(messages: list[Message]) -> tuple[list[Message], list[Message]]:
+    """Split a chat into (prompt, completion): the completion is everything after the last user turn.
+
+    Normalises each message to `{role, content}` with string content; raises ValueError when the chat has no
+    completion or a message is not plain text (those rollouts are counted as unparseable).
+    """
+    normal: list[Message] = []
+    last_user = -1
+    for i, message in enumerate(messages):
+        content, role = message.get("content"), message.get("role")
+        if content.__class__ is not str:
+            raise ValueError(f"message {i} has non-text content ({type(content).__name__})")
+        if len(message) != 2 or role.__class__ is not str:
+            # Keep only role/content (fixed output schema); a plain {role, content} dict is reused as is.
+            message = {"role": str(role), "content": content}
+        normal.append(message)
+        if role == "user":
+            last_user = i
+    if last_user < 0:
+        # No user turn: the prompt is whatever precedes the first assistant turn (e.g. system-only prompts).
+        last_user = next((i - 1 for i, m in enumerate(normal) if m["role"] == "assistant"), len(normal) - 1)
+    prompt, completion = normal[: last_user + 1], normal[last_user + 1 :]
+    if not completion:
+        raise ValueError("the chat has no turn after the last user message")
+    return prompt, completion
+
+
+def _decode_sample(group: ScoredGroup, i: int, tokenizer: Any) -> Sample:
+    """Decode a tokens-only rollout: the untrained prefix (mask -100) is the prompt, the rest the completion."""
+    tokens, mask = group.tokens[i], group.masks[i]
+    cut = next((j for j, m in enumerate(mask) if m != MASKED), len(mask))
+    if cut == len(tokens):
+        raise ValueError("no trained (unmasked) tokens to use as the completion")
+    prompt_raw = tokenizer.decode(tokens[:cut], skip_special_tokens=False)
+    completion_raw = tokenizer.decode(tokens[cut:], skip_special_tokens=False)
+    prompt = tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
+    completion = tokenizer.decode(tokens[cut:], skip_special_tokens=True).strip()
+    return Sample(
+        prompt=[{"role": "user", "content": prompt}],
+        completion=[{"role": "assistant", "content": completion}],
+        prompt_text=prompt_raw,
+        completion_text=completion_raw,
+    )
+
+
+def _provenance(item: Sourced) -> Provenance:
+    meta = item.group.meta
+    if meta is None:
+        return Provenance(item.source, f"{item.source}:{item.index}", None, None, None)
+    group_id = meta.group_id or f"{item.source}:{item.index}"
+    return Provenance(item.source, group_id, meta.env, meta.model, meta.item_id)
+
+
+@dataclass
+class _GroupView:
+    """Per-group lazy parsing: a rollout is turned into text only if the cheap score filters let it through."""
+
+    item: Sourced
+    tokenizer: Any
+    options: SelectOptions
+    _samples: dict[int, Sample | DropReason] = field(default_factory=dict)
+
+    def sample(self, i: int) -> Sample | DropReason:
+        """The rollout's text, or the reason it cannot be used (unparseable / too long)."""
+        if i not in self._samples:
+            self._samples[i] = self._parse(i)
+        return self._samples[i]
+
+    def _parse(self, i: int) -> Sample | DropReason:
+        group = self.item.group
+        limit = self.options.max_token_len
+        if limit is not None and group.has_tokens and len(group.tokens[i]) > limit:
+            return DropReason.TOO_LONG
+        try:
+            sample = self._text(i)
+        except ValueError:
+            return DropReason.UNPARSEABLE
+        if sample is None:
+            return DropReason.UNPARSEABLE
+        if self.options.max_chars is not None:
+            chars = sum(len(m["content"]) for m in sample.prompt) + sum(len(m["content"]) for m in sample.completion)
+            if chars > self.options.max_chars:
+                return DropReason.TOO_LONG
+        return sample
+
+    def _text(self, i: int) -> Sample | None:
+        """Messages first; else token ids decoded with the tokenizer. Also falls back to the tokens when the chat
+        has no completion turn (Atropos' process-mode files keep one flat message per rollout)."""
+        group = self.item.group
+        if group.messages is not None:
+            try:
+                return Sample(*split_messages(group.messages[i]))
+            except ValueError:
+                if not (group.has_tokens and self.tokenizer is not None):
+                    raise
+        if not group.has_tokens:
+            return None
+        if self.tokenizer is None:
+            raise RecordError(
+                f"group {self.item.source}:{self.item.index} has token ids but no messages, "
+                "so its text cannot be recovered without a tokenizer",
+                hint="pass --tokenizer with the model's directory (or a shipped model such as "
+                "atropos-tiny-arith), or regenerate the rollouts so they carry messages",
+            )
+        return _decode_sample(group, i, self.tokenizer)
+
+
+def _score_filter(score: float, low: float, options: SelectOptions) -> DropReason | None:
+    """Atropos' per-rollout score rules: positive only (unless allowed), then the margin over the group minimum."""
+    if not options.allow_negative_scores and score <= 0:
+        return DropReason.NON_POSITIVE
+    if options.min_score is not None and score < options.min_score:
+        return DropReason.BELOW_MIN_SCORE
+    if options.minimum_score_diff_max_min > 0 and not score - low > options.minimum_score_diff_max_min:
+        return DropReason.MARGIN
+    return None
+
+
+def row_key(*parts: list[Message]) -> int:
+    # Python's hash of a tuple of strings: 64 bits, stable within one run, which is all dedupe needs.
+    return hash(tuple((m["role"], m["content"]) for part in parts for m in part) + (len(parts[0]),))
+
+
+def select_sft(
+    groups: Iterable[Sourced],
+    options: SftOptions,
+    stats: DatagenStats,
+    *,
+    tokenizer: Any = None,
+    seen: set[int] | None = None,
+) -> Iterator[SftRow]:
+    """Yield SFT rows: per group, the best `save_top_n_per_group` rollouts that pass every filter.
+
+    Ties keep the rollouts' original order (a stable sort), so output is deterministic.
+    """
+    seen = set() if seen is None else seen  # pre-filled with an appended dataset's rows
+    limit = options.num_seqs_to_save
+    for item in groups:
+        group = item.group
+        stats.groups_read += 1
+        stats.rollouts_read += group.size
+        view = _GroupView(item, tokenizer, options)
+        provenance = _provenance(item)
+        low = min(group.scores)
+        kept = 0
+        for i in sorted(range(group.size), key=lambda j: -group.scores[j]):
+            score = group.scores[i]
+            reason = _score_filter(score, low, options)
+            if reason is None and kept >= options.save_top_n_per_group:
+                reason = DropReason.TOP_N
+            if reason is None and limit is not None and stats.rows_written >= limit:
+                reason = DropReason.LIMIT
+            if reason is None:
+                sample = view.sample(i)
+                if isinstance(sample, DropReason):
+                    reason = sample
+                elif options.dedupe:
+                    key = row_key(sample.prompt, sample.completion)
+                    if key in seen:
+                        reason = DropReason.DUPLICATE
+                    else:
+                        seen.add(key)
+            if reason is not None:
+                stats.drop(reason)
+                continue
+            kept += 1
+            stats.rows_written += 1
+            yield SftRow(sample, score, provenance)  # type: ignore[arg-type]
+        if limit is not None and stats.rows_written >= limit:
+            return  # before pulling the next group: with --api-url that would wait for more data
+
+
+def _group_rng(seed: int, group_id: str) -> random.Random:
+    # One generator per group, seeded by (seed, group id): a group's pairs do not depend on the groups read
+    # before it, so filtering or reordering inputs never changes which negative a group gets.
+    return random.Random(f"{seed}:{group_id}")
+
+
+def select_dpo(
+    groups: Iterable[Sourced],
+    options: DpoOptions,
+    stats: DatagenStats,
+    *,
+    tokenizer: Any = None,
+    seen: set[int] | None = None,
+) -> Iterator[DpoRow]:
+    """Yield DPO pairs: Atropos' rule (spec §5), made deterministic by `seed`.
+
+    Per group: positives are the rollouts by descending score (score > 0 unless negative scores are allowed);
+    the negative pool is the `save_n_pairs_per_group` lowest-scoring rollouts; each of the first n positives
+    draws (seeded) one pool rollout scoring strictly below `its score - minimum_score_diff_max_min`, which then
+    leaves the pool. Stats count each rollout once, in its role as a possible chosen answer.
+    """
+    seen = set() if seen is None else seen  # pre-filled with an appended dataset's rows
+    limit = options.num_seqs_to_save
+    for item in groups:
+        stats.groups_read += 1
+        stats.rollouts_read += item.group.size
+        yield from _group_pairs(item, options, stats, tokenizer, seen)
+        if limit is not None and stats.rows_written >= limit:
+            return  # before pulling the next group: with --api-url that would wait for more data
+
+
+def _group_pairs(
+    item: Sourced, options: DpoOptions, stats: DatagenStats, tokenizer: Any, seen: set[int]
+) -> Iterator[DpoRow]:
+    group = item.group
+    view = _GroupView(item, tokenizer, options)
+    provenance = _provenance(item)
+    rng = _group_rng(options.seed, provenance.group_id)
+    order = sorted(range(group.size), key=lambda j: -group.scores[j])
+    pool = sorted(range(group.size), key=lambda j: group.scores[j])[: options.save_n_pairs_per_group]
+    attempts = 0
+    limit = options.num_seqs_to_save
+    for i in order:
+        score = group.scores[i]
+        reason: DropReason | None = None
+        if not options.allow_negative_scores and score <= 0:
+            reason = DropReason.NON_POSITIVE
+        elif options.min_score is not None and score < options.min_score:
+            reason = DropReason.BELOW_MIN_SCORE
+        elif attempts >= options.save_n_pairs_per_group:
+            reason = DropReason.TOP_N
+        elif limit is not None and stats.rows_written >= limit:
+            reason = DropReason.LIMIT
+        if reason is not None:
+            stats.drop(reason)
+            continue
+        attempts += 1
+        row_or_reason = _pair_for(i, view, pool, rng, options, seen)
+        if isinstance(row_or_reason, DropReason):
+            stats.drop(row_or_reason)
+            continue
+        chosen, j, rejected = row_or_reason
+        stats.rows_written += 1
+        yield DpoRow(chosen.prompt, chosen, rejected, score, group.scores[j], provenance)
+
+
+def _pair_for(
+    i: int, view: _GroupView, pool: list[int], rng: random.Random, options: DpoOptions, seen: set[int]
+) -> tuple[Sample, int, Sample] | DropReason:
+    scores = view.item.group.scores
+    chosen = view.sample(i)
+    if isinstance(chosen, DropReason):
+        return chosen
+    threshold = scores[i] - options.minimum_score_diff_max_min
+    candidates = [j for j in pool if j != i and scores[j] < threshold and isinstance(view.sample(j), Sample)]
+    if not candidates:
+        return DropReason.MARGIN
+    j = rng.choice(candidates)
+    pool.remove(j)
+    rejected = view.sample(j)
+    assert isinstance(rejected, Sample)
+    if options.dedupe:
+        key = row_key(chosen.prompt, chosen.completion, rejected.completion)
+        if key in seen:
+            return DropReason.DUPLICATE
+        seen.add(key)
+    return chosen, j, rejected
