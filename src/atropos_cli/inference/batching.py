@@ -2,17 +2,20 @@
 
 Callers `await batcher.submit(job)` from the event loop. A collector task takes the first waiting job, then
 gathers whatever else arrives until no new job came for `max_wait_s` (at most `max_hold_s` in all, and up to
-`max_batch_size` rows, a job counting `size(job)` rows, e.g. its `n`), and runs `run(jobs) -> results` in ONE worker thread, so the event loop never blocks on
-the model and model calls never overlap (a weight swap between two calls is therefore atomic). Jobs that
-arrive while a batch runs wait in the queue and form the next batch. Knows nothing about torch.
+`max_batch_size` rows, a job counting `size(job)` rows, e.g. its `n`), and runs `run(jobs) -> results` in ONE
+worker thread, so the event loop never blocks on the model and model calls never overlap (a weight swap
+between two calls is therefore atomic). Jobs that arrive while a batch runs wait in the queue and form the
+next batch. An HTTP server announces each request as it starts reading it (`arriving()`), and the collector
+keeps the batch open while announced requests are still on their way. Knows nothing about torch.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -21,6 +24,9 @@ __all__ = ["RequestBatcher"]
 
 J = TypeVar("J")
 R = TypeVar("R")
+
+# The announcement (see `RequestBatcher.arriving`) of the job the current task is about to submit.
+_announcement: contextvars.ContextVar[list[Any] | None] = contextvars.ContextVar("atropos_announcement", default=None)
 
 
 @dataclass
@@ -38,7 +44,7 @@ class RequestBatcher(Generic[J, R]):
         size: Callable[[J], int],
         max_batch_size: int = 128,
         max_wait_s: float = 0.002,
-        max_hold_s: float = 0.02,
+        max_hold_s: float = 0.05,
     ) -> None:
         self._run = run
         self._size = size
@@ -51,6 +57,7 @@ class RequestBatcher(Generic[J, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_run = 0
         self.rows_run = 0
+        self._arriving = 0  # jobs announced by `arriving()` and not queued yet
 
     def _ensure_started(self) -> asyncio.Queue[_Pending[J]]:
         loop = asyncio.get_running_loop()
@@ -61,11 +68,31 @@ class RequestBatcher(Generic[J, R]):
             self._task = loop.create_task(self._collect(self._queue), name="atropos-batch-collector")
         return self._queue
 
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        """Announce a job that is on its way (an HTTP body still being read and parsed): while any is announced,
+        the collector keeps its batch open (up to `max_hold_s`), so a burst of requests becomes one batch.
+        The announcement ends at the first `submit` inside the block, or when the block exits."""
+        self._arriving += 1
+        slot: list[Any] = [self, True]  # [batcher, still counted]
+        token = _announcement.set(slot)
+        try:
+            yield
+        finally:
+            _announcement.reset(token)
+            self._end_announcement(slot)
+
+    def _end_announcement(self, slot: list[Any] | None) -> None:
+        if slot is not None and slot[0] is self and slot[1]:
+            slot[1] = False
+            self._arriving -= 1
+
     async def submit(self, job: J) -> R:
         """Queue one job and wait for its result (or its exception)."""
         queue = self._ensure_started()
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         queue.put_nowait(_Pending(job, future))
+        self._end_announcement(_announcement.get())
         return await future
 
     async def run_in_worker(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -85,12 +112,14 @@ class RequestBatcher(Generic[J, R]):
             elif not queue.empty():
                 nxt = queue.get_nowait()
             else:
-                remaining = min(self.max_wait_s, hard_stop - loop.time())
-                if remaining <= 0:
+                left = hard_stop - loop.time()
+                if left <= 0:
                     break
                 try:
-                    nxt = await asyncio.wait_for(queue.get(), remaining)
+                    nxt = await asyncio.wait_for(queue.get(), min(self.max_wait_s, left))
                 except asyncio.TimeoutError:
+                    if self._arriving > 0:
+                        continue  # announced jobs are still being parsed: keep the batch open for them
                     break
             if rows + self._size(nxt.job) > self.max_batch_size:
                 carry.appendleft(nxt)  # does not fit: it opens the next batch

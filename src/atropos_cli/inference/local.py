@@ -1,11 +1,11 @@
 """The in-process `transformers` backend (`server_type: local`): a causal LM sampled in a worker thread.
 
 Flow: `chat(messages, params)` renders the chat template and tokenizes (or `complete(prompt)` takes text or
-ids) -> a `_Job` goes to the `RequestBatcher`, which merges concurrent jobs into one batch -> `_run_jobs`
-expands each job into `n` rows and calls `sample_rows` (in `inference/sampler.py`'s spirit, kept here: a
-hand-written loop over the model's forward with a KV cache, left padding, per-row temperature / top-p /
-seed / stop strings) -> `Generation` with prompt token ids, completion token ids and one logprob per
-completion token.
+ids) -> a `_Job` goes to the `RequestBatcher` (`inference/batching.py`), which merges concurrent jobs into
+one batch -> `_run_jobs` expands each job into `n` rows and calls `sample_rows` (`inference/sampler.py`: a
+hand-written loop over the model's forward with a KV cache, left padding, per-row temperature / top-p / seed
+/ stop strings) -> `Generation` with prompt token ids, completion token ids and one logprob per completion
+token.
 
 Logprobs are what vLLM returns by default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's
 raw logits at each step, before temperature and top-p, evaluated at the sampled token. They therefore equal
@@ -29,7 +29,15 @@ from atropos_cli.inference.batching import RequestBatcher
 from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
 from atropos_cli.resources import resolve_model_path, shipped_models
 
-__all__ = ["LocalBackend", "LocalChoice", "BadRequestError", "load_model", "resolve_device", "resolve_dtype"]
+__all__ = [
+    "LocalBackend",
+    "LocalChoice",
+    "BadRequestError",
+    "load_model",
+    "resolve_device",
+    "resolve_dtype",
+    "set_cpu_threads",
+]
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
@@ -129,7 +137,7 @@ def load_model(name: str, device: str, dtype: str) -> _Loaded:
     return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path)
 
 
-def _set_cpu_threads(model: Any, num_threads: int | None) -> None:
+def set_cpu_threads(model: Any, num_threads: int | None) -> None:
     """On CPU, a small model runs fastest on ONE thread: its matmuls are too small to split, and on a shared
     machine extra OpenMP threads spin-wait for busy cores (measured 10-30x slower on 2 contended cores)."""
     import torch
@@ -156,7 +164,7 @@ class LocalBackend:
         self.model_name = config.model_name
         self._state = load_model(config.model_name, config.device, config.dtype)
         self.device = str(self._state.model.device)
-        _set_cpu_threads(self._state.model, num_threads)
+        set_cpu_threads(self._state.model, num_threads)
         self._batcher: RequestBatcher[_Job, list[RowResult]] = RequestBatcher(
             self._run_jobs, lambda job: job.params.n, max_batch_size=max_batch_size, max_wait_s=max_wait_s
         )

@@ -1,0 +1,173 @@
+"""Rebuild the shipped model `atropos-tiny-arith` from nothing, on CPU, in a few minutes.
+
+    python examples/build_tiny_model.py --seed 0 --out /tmp/atropos-tiny-arith
+
+Steps: (1) generate arithmetic chats with the bundled env's own problem generator (a seed stream disjoint
+from the env's train/eval items); (2) train a byte-level BPE tokenizer with one token per digit and a chat
+template; (3) initialise a ~0.8M-parameter Llama; (4) SFT it with `atropos_trainer.sft.run_sft`, saving a
+checkpoint every few hundred steps; (5) score every checkpoint on the env's eval items with the default
+sampling (temperature 1.0, 8 samples per question) through the local backend, and keep the one whose
+accuracy is closest to the target (50%: groups of 8 then disagree, so GRPO and rejection sampling have
+signal); (6) copy it to --out with a model card that records the recipe and the measured accuracy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from atropos_cli.registry import resolve_env
+from atropos_cli.resources import import_bundled_package
+
+
+def _arith_module():
+    return sys.modules[resolve_env("arithmetic").__module__]
+
+
+def write_chats(path: Path, count: int, seed: int) -> list[str]:
+    """`count` chats {"messages": [user, assistant]} as jsonl; returns the questions (tokenizer corpus)."""
+    arith = _arith_module()
+    rng = random.Random(f"tiny-sft:{seed}")
+    texts = []
+    with path.open("w") as handle:
+        for _ in range(count):
+            question, answer = arith.make_problem(rng, 99, "+-*")
+            chat = [{"role": "user", "content": f"What is {question}?"}, {"role": "assistant", "content": str(answer)}]
+            handle.write(json.dumps({"messages": chat}) + "\n")
+            texts.append(f"What is {question}? {answer}")
+    return texts
+
+
+async def accuracy(model_dir: Path, items: int, samples: int, seed: int) -> float:
+    """Mean reward of the arithmetic env over `items` eval questions x `samples` draws at the env's defaults."""
+    from atropos_cli.inference.base import SamplingParams, ServerConfig
+    from atropos_cli.inference.local import LocalBackend
+
+    env_cls = resolve_env("arithmetic")
+    env_config, _ = env_cls.config_init()
+    env_config = env_config.model_copy(update={"seed": seed, "eval_size": items})
+    env = env_cls(env_config, server=None)
+    backend = LocalBackend(ServerConfig(server_type="local", model_name=str(model_dir)))
+    params = SamplingParams(n=samples, temperature=env_config.temperature, max_tokens=env_config.max_token_length)
+    try:
+        questions = list(env.items("eval"))
+        gens = await asyncio.gather(
+            *(
+                backend.chat(env.messages_for(q), params.model_copy(update={"seed": seed + i}))
+                for i, q in enumerate(questions)
+            )
+        )
+    finally:
+        await backend.aclose()
+    scores = [env.reward(c.text, q)["score"] for q, g in zip(questions, gens, strict=True) for c in g.choices]
+    return sum(scores) / len(scores)
+
+
+def model_card(out: Path, args: argparse.Namespace, step: str, acc: float, elapsed: float) -> None:
+    config = json.loads((out / "config.json").read_text())
+    params = sum(p.numel() for p in _load(out).parameters())
+    (out / "README.md").write_text(
+        f"""# atropos-tiny-arith
+
+A {params / 1e6:.2f}M-parameter Llama ({config["num_hidden_layers"]} layers, hidden size {config["hidden_size"]})
+with a {config["vocab_size"]}-token byte-level BPE tokenizer (one token per digit), trained by
+`atropos_trainer.sft.run_sft` on procedurally generated questions of the bundled `arithmetic` env
+("What is 12 + 7?" -> "19"). It ships inside the `atropos` package so `atropos process` runs offline.
+
+- chat template: `<|user|>...<|end|><|assistant|>...<|end|>` (`<|end|>` is EOS)
+- SFT: {args.chats} chats, {args.steps} steps of batch {args.batch_size}, lr {args.lr} (AdamW, cosine), seed {args.seed}
+- checkpoint: {step} of {args.steps} SFT steps, picked for accuracy closest to {args.target:.0%}
+- accuracy on the env's eval items ({args.eval_items} questions x 8 samples, temperature 1.0, seed {args.seed}):
+  **{acc:.1%}**, so groups of 8 disagree and GRPO / rejection sampling have signal
+- rebuilt in {elapsed / 60:.1f} min on CPU by:
+
+```
+python examples/build_tiny_model.py --seed {args.seed} --out DIR
+```
+"""
+    )
+
+
+def _load(path: Path):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="directory of the finished model")
+    parser.add_argument("--chats", type=int, default=60000, help="SFT chats to generate")
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--batch-size", type=int, default=128)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--save-every", type=int, default=100)
+    parser.add_argument("--eval-items", type=int, default=200)
+    parser.add_argument("--target", type=float, default=0.5)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1 is fastest for this size)")
+    parser.add_argument("--work", default=None, help="scratch directory (default: a temporary one)")
+    args = parser.parse_args()
+
+    started = time.perf_counter()
+    import torch
+
+    torch.set_num_threads(args.threads)
+    import_bundled_package("trainer", "atropos_trainer")
+    from atropos_trainer.sft import SFTConfig, run_sft
+    from atropos_trainer.tiny_model import (
+        TinyModelSizes,
+        init_model,
+        portable_tokenizer_config,
+        save_init,
+        train_tokenizer,
+    )
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="tiny-arith-"))
+    work.mkdir(parents=True, exist_ok=True)
+    texts = write_chats(work / "chats.jsonl", args.chats, args.seed)
+    sizes = TinyModelSizes()
+    tokenizer = train_tokenizer(texts, vocab_size=sizes.vocab_size)
+    save_init(init_model(tokenizer, sizes, args.seed), tokenizer, work / "init")
+    print(f"[{time.perf_counter() - started:5.0f}s] data, tokenizer ({len(tokenizer)} tokens) and init model ready")
+
+    config = SFTConfig(
+        data=[str(work / "chats.jsonl")], model=str(work / "init"), out=str(work / "sft"), max_steps=args.steps,
+        batch_size=args.batch_size, lr=args.lr, warmup_steps=100, weight_decay=0.01, seed=args.seed,
+        save_every=args.save_every, log_every=200, overwrite=True,
+    )  # fmt: skip
+    run_sft(config, on_log=lambda m: print(f"[{time.perf_counter() - started:5.0f}s] sft {m}", flush=True))
+
+    candidates = sorted((work / "sft" / "checkpoints").glob("step-*")) + [work / "sft"]
+    best: tuple[float, Path, float] | None = None
+    for path in candidates:
+        acc = asyncio.run(accuracy(path, args.eval_items, 8, args.seed))
+        print(f"[{time.perf_counter() - started:5.0f}s] {path.name}: accuracy {acc:.1%}", flush=True)
+        if best is None or abs(acc - args.target) < best[0]:
+            best = (abs(acc - args.target), path, acc)
+    assert best is not None
+    _, chosen, acc = best
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    for path in chosen.iterdir():
+        if path.is_file() and path.name != "sft_config.json":  # its paths point into the scratch directory
+            shutil.copy2(path, out / path.name)
+            (out / path.name).chmod(0o644)
+    portable_tokenizer_config(out)
+    step = chosen.name if chosen.name.startswith("step-") else f"step-{args.steps:06d} (final)"
+    model_card(out, args, step, acc, time.perf_counter() - started)
+    if args.work is None:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"chose {step}: accuracy {acc:.1%} on {args.eval_items} eval items x 8 samples -> {out}")
+
+
+if __name__ == "__main__":
+    main()

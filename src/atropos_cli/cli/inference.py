@@ -1,0 +1,51 @@
+"""`atropos inference`: serve a local model (default: the shipped `atropos-tiny-arith`) over an
+OpenAI-compatible HTTP API, so any OpenAI client, Atropos env or `atropos process --openai.base_url` can use it.
+The server itself is `atropos_cli.inference_server.create_app`; this module parses flags and runs uvicorn."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from atropos_cli.cli.common import cli_errors, console
+from atropos_cli.resources import DEFAULT_MODEL
+
+
+def inference_command(
+    model: Annotated[
+        str, typer.Option(help="A shipped model's short name, a saved model directory, or a hub id.")
+    ] = DEFAULT_MODEL,
+    host: Annotated[str, typer.Option(help="Interface to bind (127.0.0.1 keeps it local).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on.")] = 9001,
+    device: Annotated[str, typer.Option(help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps.")] = "auto",
+    dtype: Annotated[
+        str, typer.Option(help="auto (bfloat16 on CUDA, else float32), float32, bfloat16, float16.")
+    ] = "auto",
+    max_batch_size: Annotated[
+        int, typer.Option(min=1, help="Most sequences sampled together in one batch (concurrent requests merge).")
+    ] = 128,
+    max_wait_ms: Annotated[
+        float, typer.Option(min=0, help="Keep a batch open until no request arrived for this long (ms).")
+    ] = 3.0,
+) -> None:
+    """Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health,
+    POST /reload_weights {"path": DIR} to swap in new weights without restarting)."""
+    with cli_errors():
+        import uvicorn
+
+        from atropos_cli.inference.base import ServerConfig
+        from atropos_cli.inference.local import LocalBackend
+        from atropos_cli.inference_server import create_app
+
+        config = ServerConfig(server_type="local", model_name=model, device=device, dtype=dtype)
+        backend = LocalBackend(config, max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000)
+        console.print(
+            f"serving {backend.model_name!r} (version {backend.version}, {backend.device}, "
+            f"context {backend.max_model_len}) on http://{host}:{port}/v1"
+        )
+        uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("inference")(inference_command)

@@ -1,0 +1,206 @@
+"""The in-process transformers backend on the shipped model: shapes, logprobs vs a forward pass, batching,
+sampling options, and the errors users see for bad models and bad prompts."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atropos_cli.errors import ModelLoadError  # noqa: E402
+from atropos_cli.inference.base import InferenceBackend, SamplingParams, ServerConfig  # noqa: E402
+from atropos_cli.inference.local import BadRequestError, LocalBackend  # noqa: E402
+from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path  # noqa: E402
+
+QUESTION = [{"role": "user", "content": "What is 12 + 7?"}]
+
+
+@pytest.fixture(scope="module")
+def backend():
+    backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
+    yield backend
+    asyncio.run(backend.aclose())
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_backend_meets_protocol_and_names_model(backend):
+    assert isinstance(backend, InferenceBackend)
+    assert backend.model_name == DEFAULT_MODEL
+    assert backend.version == 0
+    assert backend.tokenizer.chat_template
+
+
+def test_chat_returns_n_choices_with_aligned_tokens_and_logprobs(backend):
+    gen = run(backend.chat(QUESTION, SamplingParams(n=6, max_tokens=16, seed=1)))
+    assert len(gen.choices) == 6
+    assert gen.prompt_token_ids == backend.chat_prompt_ids(QUESTION)
+    for choice in gen.choices:
+        assert len(choice.token_ids) == len(choice.logprobs) >= 1
+        assert all(lp <= 0 for lp in choice.logprobs)
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "stop":
+            assert choice.token_ids[-1] == backend.tokenizer.eos_token_id
+        body = [t for t in choice.token_ids if t != backend.tokenizer.eos_token_id]
+        assert choice.text == backend.tokenizer.decode(body, skip_special_tokens=True)
+    assert gen.usage.completion_tokens == sum(len(c.token_ids) for c in gen.choices)
+
+
+def test_logprobs_agree_with_a_forward_pass(backend):
+    gen = run(backend.chat(QUESTION, SamplingParams(n=4, max_tokens=16, seed=3, temperature=1.3)))
+    model = backend._state.model
+    for choice in gen.choices:
+        ids = gen.prompt_token_ids + choice.token_ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0].float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        start = len(gen.prompt_token_ids)
+        expected = [logprobs[start - 1 + j, t].item() for j, t in enumerate(choice.token_ids)]
+        assert choice.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_seeded_request_is_the_same_alone_and_batched(backend):
+    params = SamplingParams(n=4, max_tokens=16, seed=11)
+    alone = run(backend.chat(QUESTION, params))
+
+    async def crowded():
+        others = [
+            backend.chat([{"role": "user", "content": f"What is {i} * {i + 3}? Be quick."}], SamplingParams(n=3))
+            for i in range(6)
+        ]
+        results = await asyncio.gather(backend.chat(QUESTION, params), *others)
+        return results[0]
+
+    batches_before = backend.batcher.batches_run
+    batched = run(crowded())
+    assert backend.batcher.batches_run - batches_before < 7  # the 7 concurrent requests were merged
+    assert [c.token_ids for c in batched.choices] == [c.token_ids for c in alone.choices]
+    for a, b in zip(alone.choices, batched.choices, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_greedy_is_deterministic_and_max_tokens_gives_length(backend):
+    greedy = run(backend.chat(QUESTION, SamplingParams(n=3, temperature=0.0, max_tokens=16)))
+    assert len({tuple(c.token_ids) for c in greedy.choices}) == 1
+    short = run(backend.complete("What is", SamplingParams(n=2, max_tokens=1, seed=0)))
+    for choice in short.choices:
+        assert len(choice.token_ids) == 1
+        assert choice.finish_reason == ("stop" if choice.token_ids[0] == backend.tokenizer.eos_token_id else "length")
+
+
+def test_stop_string_cuts_the_text(backend):
+    ids = backend.chat_prompt_ids(QUESTION)
+    gen = run(backend.complete(ids, SamplingParams(n=8, max_tokens=16, seed=5, stop=["1"])))
+    for choice in gen.choices:
+        assert "1" not in choice.text
+    assert any(c.finish_reason == "stop" and c.token_ids[-1] != backend.tokenizer.eos_token_id for c in gen.choices)
+
+
+def test_complete_accepts_token_ids_and_rejects_out_of_vocab(backend):
+    ids = backend.chat_prompt_ids(QUESTION)
+    gen = run(backend.complete(ids, SamplingParams(n=2, max_tokens=8, seed=0)))
+    assert gen.prompt_token_ids == ids
+    with pytest.raises(BadRequestError, match="outside the vocabulary"):
+        run(backend.complete([10**6], SamplingParams()))
+
+
+def test_prompt_longer_than_context_is_a_clear_error(backend):
+    long_chat = [{"role": "user", "content": "1 " * (backend.max_model_len + 10)}]
+    with pytest.raises(BadRequestError, match=r"tokens but model .* has a context of 256 tokens") as info:
+        run(backend.chat(long_chat, SamplingParams()))
+    assert "shorten the prompt" in info.value.hint
+
+
+def test_max_tokens_is_clamped_to_the_context(backend):
+    ids = backend.chat_prompt_ids(QUESTION)
+    room = backend.max_model_len - len(ids)
+    gen = run(backend.complete(ids, SamplingParams(n=1, max_tokens=10_000, temperature=0.0)))
+    assert len(gen.choices[0].token_ids) <= room
+
+
+def test_unknown_role_is_a_bad_request(backend):
+    with pytest.raises(BadRequestError, match="unsupported role tool"):
+        run(backend.chat([{"role": "tool", "content": "x"}], SamplingParams()))
+
+
+def test_missing_model_path_says_so():
+    with pytest.raises(ModelLoadError, match="does not exist") as info:
+        LocalBackend(ServerConfig(server_type="local", model_name="./no/such/model"))
+    assert "atropos-tiny-arith" in info.value.hint
+
+
+def test_directory_without_tokenizer_says_so(tmp_path):
+    shipped = Path(resolve_model_path(DEFAULT_MODEL))
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy2(shipped / name, tmp_path / name)
+    with pytest.raises(ModelLoadError, match="no tokenizer files"):
+        LocalBackend(ServerConfig(server_type="local", model_name=str(tmp_path)))
+
+
+def test_directory_without_config_says_so(tmp_path):
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        LocalBackend(ServerConfig(server_type="local", model_name=str(tmp_path)))
+
+
+def test_bad_dtype_names_the_choices():
+    from atropos_cli.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown dtype 'float8'"):
+        LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL, dtype="float8"))
+
+
+def test_hub_id_offline_says_hub_unreachable_and_how_to_pass_a_path(tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
+    code = (
+        "from atropos_cli.inference.local import LocalBackend\n"
+        "from atropos_cli.inference.base import ServerConfig\n"
+        "from atropos_cli.errors import ModelLoadError\n"
+        "try:\n"
+        "    LocalBackend(ServerConfig(server_type='local', model_name='some-org/no-such-model'))\n"
+        "except ModelLoadError as e:\n"
+        "    print(e.message); print(e.hint)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert "hub is unreachable" in out.stdout, out.stderr
+    assert "some-org/no-such-model" in out.stdout
+    assert "local directory" in out.stdout
+
+
+def test_tiny_top_p_is_greedy(backend):
+    greedy = run(backend.chat(QUESTION, SamplingParams(n=1, temperature=0.0, max_tokens=16)))
+    nucleus = run(backend.chat(QUESTION, SamplingParams(n=4, temperature=1.5, top_p=1e-6, max_tokens=16, seed=2)))
+    assert {tuple(c.token_ids) for c in nucleus.choices} == {tuple(greedy.choices[0].token_ids)}
+
+
+def test_batcher_merges_concurrent_jobs_respects_the_size_cap_and_fans_out_errors():
+    from atropos_cli.inference.batching import RequestBatcher
+
+    seen: list[list[int]] = []
+
+    def work(jobs: list[int]) -> list[int]:
+        seen.append(list(jobs))
+        if -1 in jobs:
+            raise ValueError("bad job in batch")
+        return [j * 10 for j in jobs]
+
+    batcher: RequestBatcher[int, int] = RequestBatcher(work, size=lambda j: 2, max_batch_size=6)
+
+    async def main():
+        results = await asyncio.gather(*(batcher.submit(j) for j in range(7)))
+        failed = await asyncio.gather(batcher.submit(-1), batcher.submit(5), return_exceptions=True)
+        await batcher.aclose()
+        return results, failed
+
+    results, failed = run(main())
+    assert results == [j * 10 for j in range(7)]
+    assert [len(b) for b in seen[:3]] == [3, 3, 1]  # 7 jobs of 2 rows under a cap of 6 rows
+    assert all(isinstance(f, ValueError) for f in failed)

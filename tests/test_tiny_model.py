@@ -1,0 +1,171 @@
+"""The shipped model `atropos-tiny-arith` (files, tokenizer, accuracy band on the arithmetic env) and the SFT
+path that trains it (`atropos_trainer.sft`) plus the tokenizer/model builders (`atropos_trainer.tiny_model`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from atropos_cli.errors import ConfigError, OutputExistsError, RecordError  # noqa: E402
+from atropos_cli.inference.base import SamplingParams, ServerConfig  # noqa: E402
+from atropos_cli.inference.local import LocalBackend  # noqa: E402
+from atropos_cli.registry import resolve_env  # noqa: E402
+from atropos_cli.resources import DEFAULT_MODEL, import_bundled_package, resolve_model_path, shipped_models  # noqa: E402
+
+import_bundled_package("trainer", "atropos_trainer")
+from atropos_trainer.sft import SFTConfig, encode_chat, load_chats, run_sft  # noqa: E402
+from atropos_trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer  # noqa: E402
+
+SHIPPED = Path(resolve_model_path(DEFAULT_MODEL))
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_model_is_small_complete_and_found_by_short_name():
+    assert DEFAULT_MODEL in shipped_models()
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "README.md"):
+        assert (SHIPPED / name).is_file(), name
+    size = sum(p.stat().st_size for p in SHIPPED.iterdir())
+    assert size < 8 * 2**20, f"shipped model is {size} bytes"
+    card = (SHIPPED / "README.md").read_text()
+    assert "python examples/build_tiny_model.py --seed 0" in card
+
+
+def test_shipped_tokenizer_spells_numbers_digit_by_digit_and_has_a_chat_template():
+    from atropos_cli.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("1234", add_special_tokens=False)) == list("1234")
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert text == "<|user|>What is 2 + 3?<|end|><|assistant|>"
+    assert tokenizer.eos_token == "<|end|>"
+    assert tokenizer.decode(tokenizer.encode("any text: é ✓")) == "any text: é ✓"  # byte fallback
+
+
+def test_shipped_model_accuracy_is_between_30_and_70_percent():
+    """64 eval items x 8 samples at the env's default sampling: groups must disagree."""
+    env_cls = resolve_env("arithmetic")
+    config, _ = env_cls.config_init()
+    env = env_cls(config.model_copy(update={"eval_size": 64}), server=None)
+    backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
+    params = SamplingParams(n=8, temperature=config.temperature, max_tokens=config.max_token_length)
+    items = list(env.items("eval"))
+
+    async def sample():
+        try:
+            return await asyncio.gather(
+                *(
+                    backend.chat(env.messages_for(it), params.model_copy(update={"seed": i}))
+                    for i, it in enumerate(items)
+                )
+            )
+        finally:
+            await backend.aclose()
+
+    gens = asyncio.run(sample())
+    scores = [[env.reward(c.text, it)["score"] for c in g.choices] for it, g in zip(items, gens, strict=True)]
+    accuracy = sum(map(sum, scores)) / (64 * 8)
+    assert 0.3 <= accuracy <= 0.7, accuracy
+    mixed = sum(1 for group in scores if 0 < sum(group) < 8)
+    assert mixed >= 16, f"only {mixed} of 64 groups have differing scores"
+
+
+def test_tokenizer_builder_and_init_model(tmp_path):
+    tokenizer = train_tokenizer(["What is 12 + 30? 42", "What is 7 * 8? 56"] * 20, vocab_size=300)
+    assert tokenizer.convert_ids_to_tokens(tokenizer.encode("907", add_special_tokens=False)) == ["9", "0", "7"]
+    sizes = TinyModelSizes(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, max_position_embeddings=64)
+    model = init_model(tokenizer, sizes, seed=0)
+    assert model.config.vocab_size == len(tokenizer)
+    out = save_init(model, tokenizer, tmp_path / "init")
+    assert (out / "config.json").is_file() and (out / "tokenizer.json").is_file()
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_encode_chat_trains_only_on_assistant_turns():
+    from atropos_cli.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    chat = [
+        {"role": "system", "content": "Answer with a number."},
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "5"},
+        {"role": "user", "content": "What is 5 * 2?"},
+        {"role": "assistant", "content": "10"},
+    ]
+    ids, labels = encode_chat(tokenizer, chat)
+    assert tokenizer.decode(ids) == tokenizer.apply_chat_template(chat, tokenize=False)
+    trained = [i for i, label in zip(ids, labels, strict=True) if label != -100]
+    assert tokenizer.decode(trained) == "5<|end|>10<|end|>"
+
+
+def test_load_chats_reads_messages_and_prompt_completion_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    jsonl = _write_jsonl(tmp_path / "a.jsonl", [{"prompt": "What is 1 + 1?", "completion": "2"}])
+    pq.write_table(
+        pa.Table.from_pylist(
+            [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "3"}]}]
+        ),
+        tmp_path / "b.parquet",
+    )
+    chats = load_chats([str(jsonl), str(tmp_path / "b.parquet")])
+    assert chats[0][-1] == {"role": "assistant", "content": "2"}
+    assert chats[1][0]["content"] == "hi"
+
+
+def test_sft_bad_data_names_the_file_and_line(tmp_path):
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_chats([str(tmp_path / "missing.jsonl")])
+    bad = _write_jsonl(
+        tmp_path / "bad.jsonl",
+        [{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, {"text": "no chat"}],
+    )
+    with pytest.raises(RecordError, match=r"bad.jsonl:2: row has neither 'messages' nor 'prompt'/'completion'"):
+        load_chats([str(bad)])
+    no_answer = _write_jsonl(tmp_path / "q.jsonl", [{"messages": [{"role": "user", "content": "x"}]}])
+    with pytest.raises(RecordError, match="no assistant message"):
+        load_chats([str(no_answer)])
+
+
+def test_run_sft_learns_a_chat_and_saves_a_loadable_model(tmp_path):
+    """Teach the shipped model a wrong fact; greedy decoding of the saved model must then say it."""
+    data = _write_jsonl(tmp_path / "d.jsonl", [{"prompt": "What is 2 + 2?", "completion": "5"}] * 16)
+    config = SFTConfig(
+        data=str(data), model=DEFAULT_MODEL, out=str(tmp_path / "out"), max_steps=25, lr=3e-3, batch_size=8
+    )
+    logs: list[dict] = []
+    out = run_sft(config, on_log=logs.append)
+    assert logs and logs[-1]["step"] == 25
+    assert json.loads((out / "sft_config.json").read_text())["max_steps"] == 25
+    backend = LocalBackend(ServerConfig(server_type="local", model_name=str(out)))
+    question = [{"role": "user", "content": "What is 2 + 2?"}]
+    gen = asyncio.run(backend.chat(question, SamplingParams(temperature=0.0, max_tokens=8)))
+    asyncio.run(backend.aclose())
+    assert gen.choices[0].text == "5"
+    with pytest.raises(OutputExistsError, match="not empty"):
+        run_sft(config)
+
+
+@pytest.mark.slow
+def test_recipe_rebuilds_a_model_end_to_end(tmp_path):
+    """A shortened run of the shipped model's recipe: data, tokenizer, SFT, checkpoint pick, model card."""
+    cmd = [
+        sys.executable, str(REPO / "examples" / "build_tiny_model.py"), "--seed", "1", "--out", str(tmp_path / "m"),
+        "--chats", "3000", "--steps", "60", "--save-every", "30", "--eval-items", "16",
+    ]  # fmt: skip
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "accuracy" in result.stdout
+    assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "README.md").is_file()
