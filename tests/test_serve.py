@@ -1,0 +1,239 @@
+"""`atropos serve` against a real `atropos api` on 127.0.0.1: registration, posting, local copy, off-policy
+pause, 503 backpressure without loss, Ctrl-C spill and re-send, and the no-token-ids error."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+
+from atropos_cli.api.app import create_app
+from atropos_cli.api.service import ApiSettings
+from atropos_cli.envsetup import load_env
+from atropos_cli.errors import AtroposError
+from atropos_cli.serve import ServeOptions, serve_env
+from atropos_cli.testing import free_port
+
+ENV_FILE = str(Path(__file__).parent / "data" / "serve" / "counting_env.py")
+NO_SERVER = "http://127.0.0.1:9/v1"  # never called: the counting env makes its groups itself
+
+
+@contextmanager
+def running_api(**settings: Any) -> Iterator[str]:
+    port = free_port()
+    app = create_app(ApiSettings(**settings))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "api did not start"
+        time.sleep(0.02)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def start_trainer(url: str, batch_size: int = 4, headers: dict[str, str] | None = None) -> None:
+    reg = {
+        "wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": 64,
+        "checkpoint_dir": "c", "save_checkpoint_interval": 1, "starting_step": 0, "num_steps": 1000,
+    }  # fmt: skip
+    httpx.post(url + "/register", json=reg, headers=headers).raise_for_status()
+    httpx.get(url + "/batch", headers=headers).raise_for_status()
+
+
+def load(*flags: str) -> Any:
+    return load_env(ENV_FILE, ["--openai.base_url", NO_SERVER, "--env.group_size", "2", *flags], None)
+
+
+def pull_all(url: str) -> list[int]:
+    items = []
+    while batch := httpx.get(url + "/batch").json()["batch"]:
+        items.extend(g["tokens"][0][0] for g in batch)
+    return items
+
+
+def test_serve_posts_groups_and_keeps_a_local_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "6")
+    copy = tmp_path / "groups.jsonl"
+    with running_api() as url:
+        start_trainer(url)
+        loaded = load("--env.data_path_to_save_groups", str(copy), "--env.max_batches_offpolicy", "0")
+        stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "spill.jsonl"))))
+        assert (stats.env_id, stats.wandb_name, stats.groups_sent) == (0, "counting_0", 6)
+        assert sorted(pull_all(url)) == [0, 1, 2, 3, 4, 5]
+    lines = [json.loads(line) for line in copy.read_text().splitlines()]
+    assert sorted(rec["tokens"][0][0] for rec in lines) == [0, 1, 2, 3, 4, 5]
+    assert not (tmp_path / "spill.jsonl").exists()
+
+
+async def _serve_for(loaded: Any, options: ServeOptions, seconds: float) -> Any:
+    task = asyncio.create_task(serve_env(loaded, options))
+    await asyncio.sleep(seconds)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+def test_offpolicy_bound_pauses_new_rollouts(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_DELAY", "0.05")
+    with running_api() as url:
+        start_trainer(url, batch_size=4)
+        loaded = load("--env.max_batches_offpolicy", "2", "--env.max_num_workers", "8")
+        options = ServeOptions(api_url=url, poll_s=0.02, spill_path=str(tmp_path / "spill.jsonl"))
+        asyncio.run(_serve_for(loaded, options, 1.5))
+        queued = httpx.get(url + "/status").json()["queue_size"]
+        # bound: 2 batches x 4 sequences = 4 groups of 2; workers already in flight may add a few, never many.
+        assert 4 <= queued <= 8, queued
+        assert loaded.env.next_index <= 8
+
+
+def test_full_queue_slows_serve_down_without_losing_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "12")
+    with running_api(max_queue_groups=3) as url:
+        start_trainer(url, batch_size=2)
+        pulled: list[int] = []
+        stop = threading.Event()
+
+        def slow_trainer() -> None:
+            while not stop.is_set():
+                resp = httpx.get(url + "/batch")
+                assert resp.status_code == 200, resp.text
+                pulled.extend(g["tokens"][0][0] for g in resp.json()["batch"] or [])
+                time.sleep(0.3)
+
+        trainer = threading.Thread(target=slow_trainer, daemon=True)
+        trainer.start()
+        loaded = load("--env.max_batches_offpolicy", "0", "--env.steps_per_eval", "2")
+        stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "s.jsonl"))))
+        assert stats.groups_sent == 12
+        assert stats.evals and stats.evals[0]["metrics"] == {"eval/count": 1.0}  # evaluate() every 2 steps
+        assert any("got 503" in e for e in stats.events), stats.events
+        time.sleep(1.5)
+        stop.set()
+        trainer.join(5)
+        pulled.extend(pull_all(url))
+        assert sorted(pulled) == list(range(12))
+        metrics = httpx.get(url + "/metrics").text
+        assert 'atropos_api_rejected_groups_total{reason="queue_full"}' in metrics
+
+
+def test_ctrl_c_spills_unsent_groups_and_the_next_serve_sends_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spill = tmp_path / "spill.jsonl"
+    state = tmp_path / "api"
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "3")
+    monkeypatch.setenv("SERVE_TEST_DELAY", "0.5")
+    loaded = load("--env.max_batches_offpolicy", "0")
+
+    async def go() -> None:
+        # Register against a live API, take the API away before the groups are done, then press "Ctrl-C".
+        with running_api(state_dir=str(state)) as url:
+            start_trainer(url, batch_size=2)
+            task = asyncio.create_task(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(spill))))
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(1.0)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    spilled = [json.loads(line)["tokens"][0][0] for line in spill.read_text().splitlines()]
+    assert sorted(spilled) == [0, 1, 2], "finished groups were neither sent nor spilled"
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "0")
+    monkeypatch.setenv("SERVE_TEST_DELAY", "0")
+    with running_api(state_dir=str(state)) as url:
+        reloaded = load("--env.max_batches_offpolicy", "0")
+        stats = asyncio.run(serve_env(reloaded, ServeOptions(api_url=url, spill_path=str(spill))))
+        assert stats.groups_sent == 3
+        assert not spill.exists()
+        assert sorted(pull_all(url)) == [0, 1, 2]
+
+
+def test_groups_without_token_ids_stop_serve_with_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_NO_TOKENS", "1")
+    with running_api() as url:
+        start_trainer(url)
+        with pytest.raises(AtroposError, match="without token ids") as info:
+            asyncio.run(serve_env(load(), ServeOptions(api_url=url)))
+        assert "tokenizer_name" in (info.value.hint or "")
+
+
+def test_cli_serve_runs_against_the_api(tmp_path: Path) -> None:
+    with running_api() as url:
+        start_trainer(url)
+        cmd = [
+            sys.executable, "-c", "from atropos_cli.cli.app import main; main()", "serve", ENV_FILE,
+            "--api-url", url, "--max-groups", "4", "--openai.base_url", NO_SERVER, "--env.group_size", "2",
+            "--spill", str(tmp_path / "spill.jsonl"),
+        ]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        assert "sent 4 groups" in proc.stdout
+        assert "registered as env 0 (counting_0)" in proc.stderr
+        assert len(pull_all(url)) == 4
+
+
+def test_serve_sends_the_bearer_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "2")
+    auth = {"Authorization": "Bearer tok"}
+    with running_api(api_key="tok") as url:
+        start_trainer(url, batch_size=2, headers=auth)
+        loaded = load("--env.max_batches_offpolicy", "0")
+        with pytest.raises(AtroposError, match="401|bearer token"):
+            asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "s.jsonl"))))
+        stats = asyncio.run(
+            serve_env(load(), ServeOptions(api_url=url, api_key="tok", spill_path=str(tmp_path / "s.jsonl")))
+        )
+        assert stats.groups_sent == 2
+        assert httpx.get(url + "/status", headers=auth).json()["queue_size"] == 2
+
+
+def test_rollouts_past_worker_timeout_are_dropped_and_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "2")
+    monkeypatch.setenv("SERVE_TEST_DELAY", "5")
+    with running_api() as url:
+        start_trainer(url)
+        loaded = load("--env.worker_timeout", "0.2")
+        stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "s.jsonl"))))
+        assert (stats.groups_sent, stats.groups_failed) == (0, 2)
+        assert any("worker_timeout (0.2 s)" in e for e in stats.events)
+
+
+def test_cli_ctrl_c_exits_130_with_a_summary(tmp_path: Path) -> None:
+    with running_api() as url:
+        start_trainer(url)
+        cmd = [
+            sys.executable, "-c", "from atropos_cli.cli.app import main; main()", "serve", ENV_FILE,
+            "--api-url", url, "--openai.base_url", NO_SERVER, "--env.group_size", "2",
+            "--spill", str(tmp_path / "spill.jsonl"),
+        ]  # fmt: skip
+        env = {**os.environ, "SERVE_TEST_DELAY": "0.2"}
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/status").json()["queue_size"] < 2:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == 130, err
+        assert "interrupted: sent" in out
+        assert "finished groups were sent or spilled" in err
