@@ -28,13 +28,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
-from atropos_cli.config import RunConfig, config_diff
+from atropos_cli.config import RunConfig
 from atropos_cli.env import BaseEnv, SimpleEnv
-from atropos_cli.errors import ConfigError, OutputExistsError
+from atropos_cli.errors import ConfigError
 from atropos_cli.eval_metrics import ItemResult, summarise
+from atropos_cli.rundir import claim_output
 from atropos_cli.types import Message
 
 __all__ = ["EvalPaths", "EvalSample", "EvalStats", "prepare_eval_dir", "run_eval", "read_samples", "load_metrics"]
@@ -117,34 +117,14 @@ def _complete_items(samples: list[EvalSample], k: int) -> dict[int, list[EvalSam
 
 def prepare_eval_dir(paths: EvalPaths, run_config: RunConfig, k: int, *, resume: bool, overwrite: bool) -> set[int]:
     """Create or check the eval dir; with --resume return the item indices already complete."""
-    existing = [p for p in paths.outputs() if p.exists()]
-    if resume:
-        if not paths.config.exists():
-            raise ConfigError(
-                f"nothing to resume in {str(paths.root)!r}: no config.yaml", hint="start without --resume"
-            )
-        saved = yaml.safe_load(paths.config.read_text()) or {}
-        changed = config_diff(saved, run_config.model_dump(mode="json"))
-        if changed:
-            raise ConfigError(
-                f"--resume with a different config: {', '.join(changed)} changed",
-                hint=f"use the original settings (see {paths.config}), or evaluate into a new --out",
-            )
-        complete = _complete_items(read_samples(paths.samples), k)
-        # Keep only whole items, so a crash mid-item cannot leave half an item behind.
-        lines = [s.model_dump_json(exclude_none=True) for i in sorted(complete) for s in complete[i]]
-        paths.samples.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-        return set(complete)
-    if existing and not overwrite:
-        raise OutputExistsError(
-            f"output {str(existing[0])!r} already exists",
-            hint="pass --resume to finish that eval, --overwrite to replace it, or --out for a new one",
-        )
-    for path in existing:
-        path.unlink()
-    paths.root.mkdir(parents=True, exist_ok=True)
-    paths.config.write_text(run_config.to_yaml())
-    return set()
+    claim_output(paths.root, paths.config, paths.outputs(), run_config, resume=resume, overwrite=overwrite)
+    if not resume:
+        return set()
+    complete = _complete_items(read_samples(paths.samples), k)
+    # Keep only whole items, so a crash mid-item cannot leave half an item behind.
+    lines = [s.model_dump_json(exclude_none=True) for i in sorted(complete) for s in complete[i]]
+    paths.samples.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return set(complete)
 
 
 def eval_items(env: BaseEnv, limit: int | None) -> list[Any]:

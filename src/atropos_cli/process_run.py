@@ -27,12 +27,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
-
-from atropos_cli.config import RunConfig, config_diff
+from atropos_cli.config import RunConfig
 from atropos_cli.envsetup import LoadedEnv
-from atropos_cli.errors import ConfigError, OutputExistsError
 from atropos_cli.rollout import GroupOutcome, run_groups
+from atropos_cli.rundir import claim_output
 
 __all__ = ["RunPaths", "ProcessStats", "prepare_output", "run_process", "default_out_dir"]
 
@@ -147,32 +145,8 @@ def _truncate_partial_line(path: Path) -> None:
 
 def prepare_output(paths: RunPaths, run_config: RunConfig, *, resume: bool, overwrite: bool) -> set[int]:
     """Create or check the run directory; returns the item indices to skip when resuming."""
-    existing = [p for p in paths.outputs() if p.exists()]
-    if resume:
-        if not paths.config.exists():
-            raise ConfigError(
-                f"nothing to resume in {str(paths.root)!r}: no {paths.config.name}",
-                hint="start a new run without --resume",
-            )
-        saved = yaml.safe_load(paths.config.read_text()) or {}
-        current = run_config.model_dump(mode="json")
-        changed = config_diff(saved, current)
-        if changed:
-            raise ConfigError(
-                f"--resume with a different config: {', '.join(changed)} changed",
-                hint=f"use the original settings, or start a new run (--out elsewhere); saved: {paths.config}",
-            )
-        return _done_indices(paths)[0]
-    if existing and not overwrite:
-        raise OutputExistsError(
-            f"output {str(existing[0])!r} already exists",
-            hint="pass --resume to continue that run, --overwrite to replace it, or --out for a new one",
-        )
-    for path in existing:
-        path.unlink()
-    paths.root.mkdir(parents=True, exist_ok=True)
-    paths.config.write_text(run_config.to_yaml())
-    return set()
+    claim_output(paths.root, paths.config, paths.outputs(), run_config, resume=resume, overwrite=overwrite)
+    return _done_indices(paths)[0] if resume else set()
 
 
 async def run_process(

@@ -1,0 +1,46 @@
+"""The output-directory contract shared by `process`, `evaluate` and friends: refuse, overwrite, or resume.
+
+An existing output is refused unless `--overwrite` (which removes it) or `--resume` (which requires the saved
+config and refuses one that differs, naming the changed keys). A new run writes its resolved config first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+
+from atropos_cli.config import RunConfig, config_diff
+from atropos_cli.errors import ConfigError, OutputExistsError
+
+__all__ = ["claim_output"]
+
+
+def claim_output(
+    root: Path, config_path: Path, outputs: Sequence[Path], run_config: RunConfig, *, resume: bool, overwrite: bool
+) -> None:
+    """Make `root` ours for this run; on return with `resume`, the saved config matches `run_config`."""
+    if resume:
+        if not config_path.exists():
+            raise ConfigError(
+                f"nothing to resume in {str(root)!r}: no {config_path.name}", hint="start a new run without --resume"
+            )
+        saved = yaml.safe_load(config_path.read_text()) or {}
+        changed = config_diff(saved, run_config.model_dump(mode="json"))
+        if changed:
+            raise ConfigError(
+                f"--resume with a different config: {', '.join(changed)} changed",
+                hint=f"use the original settings (saved in {config_path}), or start a new run with another --out",
+            )
+        return
+    existing = [p for p in outputs if p.exists()]
+    if existing and not overwrite:
+        raise OutputExistsError(
+            f"output {str(existing[0])!r} already exists",
+            hint="pass --resume to continue that run, --overwrite to replace it, or --out for a new one",
+        )
+    for path in existing:
+        path.unlink()
+    root.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(run_config.to_yaml())
