@@ -26,9 +26,19 @@ from atropos_cli.writers.jsonl import JsonlWriter
 def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "atropos_cli.testing.fake_server", "--port", str(port), "--rule", "arithmetic",
-         "--latency", str(latency)],
-        stdout=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "atropos_cli.testing.fake_server",
+            "--port",
+            str(port),
+            "--rule",
+            "arithmetic",
+            "--latency",
+            str(latency),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     url = proc.stdout.readline().strip()  # printed once ready
     return proc, url
@@ -38,9 +48,11 @@ async def measure(url: str, concurrency: int, groups: int, out: Path) -> float:
     loaded = load_env("arithmetic", ["--openai.base_url", url, "--env.total_steps", str(groups)], None)
     await loaded.env.setup()
     with JsonlWriter(out) as writer:
+
         def sink(outcome):
             for group in outcome.groups:
                 writer.write(group)
+
         started = time.perf_counter()
         await run_groups(loaded.env, num_items=groups, concurrency=concurrency, on_outcome=sink)
         elapsed = time.perf_counter() - started
@@ -58,6 +70,7 @@ def main() -> None:
     rows = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            asyncio.run(measure(url, 16, 32, Path(tmp) / "warm-up.jsonl"))  # imports, connection pool
             for concurrency in args.concurrency:
                 groups = concurrency * args.rounds
                 elapsed = asyncio.run(measure(url, concurrency, groups, Path(tmp) / f"c{concurrency}.jsonl"))

@@ -1,0 +1,116 @@
+"""`atropos train` as users run it: exit codes, messages, files written."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from atropos_cli.cli.app import app
+from atropos_cli.types import ScoredGroup
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")
+    from atropos_cli.resources import import_bundled_package
+
+    import_bundled_package("trainer", "atropos_trainer")
+    from atropos_trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
+
+    texts = [f"<|user|>What is {a} - {b}?<|end|><|assistant|>{a - b}<|end|>" for a in range(20) for b in range(20)]
+    tokenizer = train_tokenizer(texts, vocab_size=290)
+    sizes = TinyModelSizes(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
+    return save_init(init_model(tokenizer, sizes, seed=1), tokenizer, tmp_path_factory.mktemp("m") / "tiny")
+
+
+def _rollouts(path: Path, n: int = 4) -> Path:
+    rng = random.Random(0)
+    with path.open("w") as f:
+        for _ in range(n):
+            tokens = [[rng.randrange(5, 280) for _ in range(8)] for _ in range(4)]
+            masks = [[-100] * 4 + t[4:] for t in tokens]
+            group = ScoredGroup(tokens=tokens, masks=masks, scores=[1.0, 0.0, 0.0, 1.0])
+            f.write(json.dumps(group.to_record()) + "\n")
+    return path
+
+
+def test_help_does_not_import_torch():
+    code = (
+        "import sys; from atropos_cli.cli.app import app; app(['train', '--help'], standalone_mode=False); "
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().endswith("[]")
+    assert "--loss" in result.stdout and "--inference" in result.stdout
+
+
+def test_train_on_rollout_files_with_plot(tiny_model: Path, tmp_path: Path):
+    data = _rollouts(tmp_path / "r.jsonl")
+    out = tmp_path / "run"
+    args = [
+        "train",
+        "--data",
+        str(data),
+        "--model",
+        str(tiny_model),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--groups-per-step",
+        "2",
+        "--lr",
+        "1e-3",
+        "--loss",
+        "dapo",
+        "--plot",
+    ]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "step    1/2  reward 0.500" in result.output
+    assert "trained 2 steps; checkpoint" in result.output
+    assert (out / "checkpoints" / "step-2" / "model.safetensors").is_file()
+    assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "train_config.json").read_text())["grpo"]["loss"] == "dapo"
+
+    again = runner.invoke(app, args)
+    assert again.exit_code == 2
+    assert "is not empty" in again.output and "--resume" in again.output
+
+
+def test_unknown_loss_is_refused_before_loading_anything(tmp_path: Path):
+    result = runner.invoke(app, ["train", "--data", "x.jsonl", "--loss", "ppo9", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "unknown loss 'ppo9'" in result.output and "grpo, dapo, dr_grpo, gspo, cispo" in result.output
+
+
+def test_bad_inference_and_missing_data(tmp_path: Path, tiny_model: Path):
+    bad = runner.invoke(app, ["train", "--inference", "tgi", "--out", str(tmp_path / "a")])
+    assert bad.exit_code == 2 and "choose local, vllm or external" in bad.output
+    missing = runner.invoke(
+        app, ["train", "--data", str(tmp_path / "nope.jsonl"), "--model", str(tiny_model), "--out", str(tmp_path / "b")]
+    )
+    assert missing.exit_code != 0 and "nope.jsonl" in missing.output
+
+
+def test_sft_mode_trains_and_saves_a_model(tiny_model: Path, tmp_path: Path):
+    data = tmp_path / "sft.jsonl"
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {a} - 1?"}, {"role": "assistant", "content": str(a - 1)}]}
+        for a in range(8)
+    ]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "sft"
+    args = ["train", "--sft", str(data), "--model", str(tiny_model), "--out", str(out), "--steps", "2"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "saved the fine-tuned model to" in result.output
+    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()

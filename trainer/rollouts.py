@@ -1,0 +1,129 @@
+"""The one-command loop's producer: env workers sampling groups from the inference engine, in-process.
+
+Where it sits: `atropos train ENV` builds an `EnvRollouts` (the env with its layered config, on the local
+transformers engine, a vLLM server we launch, or a user's server) and hands `EnvRollouts.batches()` to
+`grpo.train` as its batch iterator. Each step collects `groups_per_step` items concurrently (asyncio tasks
+over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
+synced, and only then is the next step collected: every group is sampled from the weights of the step before
+it (on-policy). Failed rollouts are counted, never dropped silently; groups without token ids are refused with
+a hint, since they cannot be trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from atropos_cli.errors import AtroposError
+from atropos_cli.types import ScoredGroup
+
+__all__ = ["EnvRollouts", "RolloutCounts"]
+
+
+@dataclass
+class RolloutCounts:
+    groups: int = 0
+    failed: int = 0
+    filtered: int = 0
+    no_tokens: int = 0
+    items: int = 0
+    failures: list[Any] = field(default_factory=list)
+
+
+class EnvRollouts:
+    """An env + its inference engine, driven one step's worth of groups at a time."""
+
+    def __init__(
+        self,
+        env_spec: str,
+        dotted_args: list[str],
+        config_path: str | None,
+        server: dict[str, Any],
+        backend: Any = None,
+    ) -> None:
+        from atropos_cli.envsetup import resolve_run_config
+        from atropos_cli.inference.router import ServerManager
+
+        self.loop = asyncio.new_event_loop()
+        env_cls, self.run_config, self.env_config = resolve_run_config(
+            env_spec, dotted_args, config_path, overrides={"openai": server}
+        )
+        servers = self.run_config.openai
+        if backend is None and servers[0].server_type == "local":
+            from atropos_cli.inference.local import LocalBackend
+
+            backend = LocalBackend(servers[0])
+        self.backend = backend
+        self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
+        self.env = env_cls(self.env_config, self.manager)
+        self.counts = RolloutCounts()
+        self.loop.run_until_complete(self.env.setup())
+
+    @property
+    def temperature(self) -> float:
+        return float(self.env_config.temperature)
+
+    def batches(self, groups_per_step: int) -> Iterator[list[ScoredGroup]]:
+        while True:
+            groups = self.loop.run_until_complete(self._collect(groups_per_step))
+            if groups is None:
+                return
+            yield groups
+
+    async def _collect(self, n: int) -> list[ScoredGroup] | None:
+        from atropos_cli.rollout import collect_group
+
+        items = []
+        for _ in range(n):
+            item = await self.env.get_next_item()
+            if item is None:
+                break
+            items.append(item)
+        if not items:
+            return None
+        self.counts.items += len(items)
+        outcomes = await asyncio.gather(*(collect_group(self.env, item) for item in items))
+        groups: list[ScoredGroup] = []
+        for outcome in outcomes:
+            self.counts.failed += len(outcome.failures)
+            self.counts.filtered += len(outcome.filtered)
+            self.counts.failures.extend(outcome.failures)
+            for group in outcome.groups:
+                if not group.has_tokens:
+                    self.counts.no_tokens += 1
+                    continue
+                if group.generation_params is None:
+                    # the env samples at its configured temperature; the trainer takes log-probs at it
+                    group.generation_params = {"temperature": self.temperature}
+                groups.append(group)
+        self.counts.groups += len(groups)
+        if not groups and self.counts.no_tokens:
+            raise AtroposError(
+                "the env's groups carry no token ids, so they cannot be trained on",
+                hint="serve the model with a tokenizer (--openai.tokenizer_name) or use --inference local",
+            )
+        return groups
+
+    def close(self) -> None:
+        """Cancel what a Ctrl-C left half-collected (so no task resumes and re-raises), then stop the engine."""
+        try:
+            seen: set[asyncio.Task] = set()
+            for _ in range(5):
+                pending = [task for task in asyncio.all_tasks(self.loop) if not task.done()]
+                if not pending:
+                    break
+                seen.update(pending)
+                for task in pending:
+                    task.cancel()
+                try:
+                    self.loop.run_until_complete(asyncio.wait(pending, timeout=30))
+                except KeyboardInterrupt:  # a task that caught the Ctrl-C re-raises it once the loop resumes
+                    continue
+            for task in seen:  # mark their outcome as seen: the interrupt was already handled by the caller
+                if task.done() and not task.cancelled():
+                    task.exception()
+            self.loop.run_until_complete(self.manager.aclose())
+        finally:
+            self.loop.close()

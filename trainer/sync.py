@@ -1,0 +1,96 @@
+"""Weight sync: after each optimizer step, make the inference engine sample from the new weights.
+
+Where it sits: `grpo.train(..., after_step=sync)` calls one of these after every optimizer step, before the
+next batch is pulled. Each returns a small dict of metrics (merged into the step's metrics).
+
+- `LocalSync` (`--inference local`): copies the trainer's fp32 master weights in place into the in-process
+  engine's model (`LocalBackend.model`), every step; the next groups are sampled from exactly the weights
+  just trained: on-policy, no files, no restart.
+- `CheckpointSync` (`--inference external`): every `every` steps writes OUT/checkpoints/step-N for a server
+  the user runs; if that server has `POST /reload_weights` (`atropos inference` does), it is asked to load it.
+- `VLLMSync` (`--inference vllm`, in vllm.py): restart-from-checkpoint every k steps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from atropos_cli.errors import AtroposError
+
+__all__ = ["LocalSync", "CheckpointSync", "copy_weights"]
+
+
+def copy_weights(source: Any, target: Any) -> int:
+    """Copy every parameter and buffer of `source` into `target` in place (dtype/device converted)."""
+    import torch
+
+    src = source.state_dict()
+    dst = target.state_dict()
+    missing = [k for k in dst if k not in src]
+    if missing:
+        raise AtroposError(
+            f"inference model has {len(missing)} tensors the trainer lacks, e.g. {missing[0]!r}",
+            hint="train and serve the same model (same --model)",
+        )
+    with torch.no_grad():
+        for key, tensor in dst.items():
+            tensor.copy_(src[key])
+    return len(dst)
+
+
+class LocalSync:
+    """In-place copy into the in-process engine's model, every step."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+
+    def __call__(self, trainer: Any) -> dict[str, Any]:
+        started = time.perf_counter()
+        model = getattr(self.backend, "model", None)
+        if model is None:  # LocalBackend keeps its model in the state it swaps atomically on reload()
+            model = getattr(getattr(self.backend, "_state", None), "model", None)
+        if model is None:
+            raise AtroposError("the local inference backend exposes no .model to sync weights into")
+        copy_weights(trainer.model, model)
+        return {"sync_s": time.perf_counter() - started}
+
+
+class CheckpointSync:
+    """Writes a checkpoint every `every` steps for an external server, and asks it to load the checkpoint
+    when it has a `POST /reload_weights` endpoint (`atropos inference` does); otherwise we only write files."""
+
+    def __init__(self, out: Path, every: int, server_url: str | None = None, timeout: float = 120.0) -> None:
+        self.out, self.every, self.timeout = out, max(1, every), timeout
+        self.reload_url = server_url.rstrip("/").removesuffix("/v1") + "/reload_weights" if server_url else None
+
+    def __call__(self, trainer: Any) -> dict[str, Any]:
+        if trainer.step_count % self.every:
+            return {}
+        started = time.perf_counter()
+        path = trainer.save(self.out)
+        metrics: dict[str, Any] = {"synced_checkpoint": str(path)}
+        if self.reload_url:
+            metrics["reloaded_version"] = self._reload(path)
+        metrics["sync_s"] = time.perf_counter() - started
+        return metrics
+
+    def _reload(self, path: Path) -> int | None:
+        import httpx
+
+        try:
+            response = httpx.post(self.reload_url, json={"path": str(path.resolve())}, timeout=self.timeout)
+        except httpx.TransportError as exc:
+            raise AtroposError(
+                f"cannot reach {self.reload_url!r} to load the new weights ({type(exc).__name__})",
+                hint="is the inference server still running? the checkpoint is saved at " + str(path),
+            ) from None
+        if response.status_code == 404:  # a server without the endpoint (plain vLLM, an API): files only
+            self.reload_url = None
+            return None
+        if response.status_code >= 400:
+            raise AtroposError(
+                f"{self.reload_url} refused the new weights: HTTP {response.status_code} {response.text[:200]!r}"
+            )
+        return response.json().get("version")
