@@ -19,7 +19,7 @@ from atropos_cli.config import EnvConfig
 from atropos_cli.env import SimpleEnv
 
 from ._shared.answers import last_boxed, strip_think
-from ._shared.data import check_columns, cycle_shuffled, load_hub_records, load_local_records
+from ._shared.data import cycle_shuffled, load_split_records
 from ._shared.mathcheck import answers_match
 
 REQUIRED_COLUMNS = ("question", "answer")
@@ -54,13 +54,9 @@ class GSM8KEnv(SimpleEnv):
 
     def load_split(self, split: str) -> list[dict[str, Any]]:
         config: GSM8KConfig = self.config  # type: ignore[assignment]
-        if config.data_path:
-            rows, source = load_local_records(config.data_path), repr(config.data_path)
-        else:
-            hub_split = "train" if split == "train" else "test"
-            rows = load_hub_records(config.dataset_name, config.dataset_config, hub_split)
-            source = f"{config.dataset_name} ({hub_split})"
-        check_columns(rows, REQUIRED_COLUMNS, source)
+        rows, _ = load_split_records(
+            config.data_path, config.dataset_name, config.dataset_config, split, REQUIRED_COLUMNS
+        )
         return rows
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:

@@ -19,7 +19,7 @@ from atropos_cli.env import SimpleEnv
 from atropos_cli.errors import ConfigError
 
 from ._shared.answers import last_boxed, strip_think
-from ._shared.data import check_columns, cycle_shuffled, load_hub_records, load_local_records
+from ._shared.data import check_columns, cycle_shuffled, load_split_records
 from ._shared.mathcheck import answers_match
 
 
@@ -59,13 +59,9 @@ class MathEnv(SimpleEnv):
 
     def load_split(self, split: str) -> tuple[list[dict[str, Any]], str]:
         config: MathConfig = self.config  # type: ignore[assignment]
-        if config.data_path:
-            rows, source = load_local_records(config.data_path), repr(config.data_path)
-        else:
-            hub_split = "train" if split == "train" else "test"
-            rows = load_hub_records(config.dataset_name, config.dataset_config, hub_split)
-            source = f"{config.dataset_name} ({hub_split})"
-        check_columns(rows, ("problem",), source)
+        rows, source = load_split_records(
+            config.data_path, config.dataset_name, config.dataset_config, split, ("problem",)
+        )
         if "answer" not in rows[0] and "solution" not in rows[0]:
             check_columns(rows, ("problem", "answer or solution"), source)
         return rows, source

@@ -94,3 +94,18 @@ def cycle_shuffled(rows: Sequence[Any], seed: int) -> Iterator[Any]:
         for index in order:
             yield rows[index]
         epoch += 1
+
+
+def load_split_records(
+    data_path: str | None, dataset_name: str, dataset_config: str | None, split: str, required: Sequence[str]
+) -> tuple[list[dict[str, Any]], str]:
+    """Rows of a split from `data_path` (local jsonl/parquet) or the hub (train -> train, else test), checked
+    for the `required` columns; returns (rows, a description of the source for error messages)."""
+    if data_path:
+        rows, source = load_local_records(data_path), repr(data_path)
+    else:
+        hub_split = "train" if split == "train" else "test"
+        rows = load_hub_records(dataset_name, dataset_config, hub_split)
+        source = f"{dataset_name} ({hub_split})"
+    check_columns(rows, required, source)
+    return rows, source

@@ -13,25 +13,12 @@ from pathlib import Path
 from typing import Any
 
 from atropos_cli.eval_metrics import MetricDelta
+from atropos_cli.writers.html import load_template
 
 __all__ = ["render_eval_report", "MAX_SAMPLES"]
 
 TEMPLATE = "eval_report.html.j2"
 MAX_SAMPLES = 300
-
-
-def _template() -> Any:
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
-
-    from atropos_cli.resources import bundled_dir
-
-    env = Environment(
-        loader=FileSystemLoader(bundled_dir("templates")),
-        autoescape=True,
-        undefined=StrictUndefined,
-        keep_trailing_newline=True,
-    )
-    return env.get_template(TEMPLATE)
 
 
 def _metric_rows(metrics: dict[str, Any]) -> list[dict[str, Any]]:
@@ -51,7 +38,7 @@ def render_eval_report(
 ) -> Path:
     """Write the report; `compare` = (label A, label B, deltas) adds a comparison table."""
     ordered = sorted(samples, key=lambda s: (s.error is None, s.correct, s.index, s.sample))
-    html = _template().render(
+    html = load_template(TEMPLATE).render(
         title=f"atropos eval: {document['config_general'].get('env')}",
         general=document["config_general"],
         metrics=_metric_rows(document["results"]["all"]),

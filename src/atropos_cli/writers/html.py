@@ -186,7 +186,7 @@ def render_html(
         "groups": payload,
     }
     bad_list = list(bad_records)
-    html = _template().render(
+    html = load_template().render(
         title=title,
         stats=_stats(payload, scores, failures, len(bad_list)),
         sources=labels,
@@ -203,7 +203,8 @@ def render_html(
     return out_path
 
 
-def _template() -> Any:
+def load_template(name: str = TEMPLATE) -> Any:
+    """A template from the bundled templates/ folder, in the one Jinja environment (autoescape on) of our pages."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
     from atropos_cli.resources import bundled_dir
@@ -214,4 +215,4 @@ def _template() -> Any:
         undefined=StrictUndefined,
         keep_trailing_newline=True,
     )
-    return env.get_template(TEMPLATE)
+    return env.get_template(name)
