@@ -162,26 +162,4 @@ async def run_python_async(
     code: str, limits: SandboxLimits | None = None, stdin: str = "", files: dict[str, str] | None = None
 ) -> SandboxResult:
     """`run_python` without blocking the event loop (the code env scores a group's rollouts concurrently)."""
-    limits = limits or SandboxLimits()
-    with tempfile.TemporaryDirectory(prefix="atropos-sandbox-") as tmp:
-        workdir = Path(tmp)
-        command = _prepare(workdir, code, files, limits)
-        (workdir / "stdin.txt").write_text(stdin, encoding="utf-8")
-        started = time.perf_counter()
-        with (
-            open(workdir / "stdin.txt", "rb") as fin,
-            open(workdir / "stdout.txt", "wb") as fout,
-            open(workdir / "stderr.txt", "wb") as ferr,
-        ):
-            proc = await asyncio.create_subprocess_exec(
-                *command, cwd=workdir, env=_env(workdir), stdin=fin, stdout=fout, stderr=ferr,
-                start_new_session=True,
-            )  # fmt: skip
-            timed_out = False
-            try:
-                await asyncio.wait_for(proc.wait(), timeout=limits.timeout_s)
-            except asyncio.TimeoutError:
-                timed_out = True
-                _kill_group(proc.pid)
-                await proc.wait()
-        return _collect(workdir, proc.returncode, timed_out, started)
+    return await asyncio.to_thread(run_python, code, limits, stdin, files)
