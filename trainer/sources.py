@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import httpx
 from pydantic import ValidationError
 
-from atropos_cli.errors import AtroposError, RecordError, ServerUnreachableError
+from atropos_cli.api.trainer_client import TrainerRegistration, iter_raw_batches
+from atropos_cli.errors import AtroposError, RecordError
 from atropos_cli.readers import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
 
@@ -52,21 +52,6 @@ def file_batches(
             yield [groups[i] for i in order[start : start + groups_per_step]]
 
 
-def _request(client: httpx.Client, method: str, path: str, **kwargs: object) -> httpx.Response:
-    try:
-        response = client.request(method, path, **kwargs)  # type: ignore[arg-type]
-    except httpx.TransportError as exc:
-        raise ServerUnreachableError(
-            f"cannot reach the trajectory API at {str(client.base_url)!r} ({type(exc).__name__})",
-            hint="start it with `atropos api` (or Atropos' `run-api`) and check --api-url",
-        ) from None
-    if response.status_code >= 400:
-        raise RecordError(
-            f"the trajectory API answered {method} {path} with HTTP {response.status_code}: {response.text[:200]!r}"
-        )
-    return response
-
-
 def api_batches(
     url: str,
     batch_size: int,
@@ -78,37 +63,25 @@ def api_batches(
     api_key: str | None = None,
 ) -> Iterator[list[ScoredGroup]]:
     """Register as the trainer and yield one batch of groups per `GET /batch` that has data."""
-    headers = {"Authorization": f"Bearer {api_key}", "X-API-Key": api_key} if api_key else {}
-    with httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=30.0) as client:
-        registration = {
-            "wandb_group": "atropos-train",
-            "wandb_project": "atropos-train",
-            "batch_size": batch_size,
-            "max_token_len": max_token_len,
-            "checkpoint_dir": str(checkpoint_dir),
-            "save_checkpoint_interval": 0,
-            "starting_step": 0,
-            "num_steps": num_steps,
-        }
-        _request(client, "POST", "/register", json=registration)
-        last_data = time.monotonic()
-        while True:
-            payload = _request(client, "GET", "/batch").json()
-            if not isinstance(payload, dict) or payload.get("status") == "error":
-                raise RecordError(f"the trajectory API refused GET /batch: {payload!r:.200}")
-            batch = payload.get("batch")
-            if not batch:
-                waited = time.monotonic() - last_data
-                if waited >= wait_timeout:
-                    raise ApiWaitTimeout(
-                        f"no batch from the trajectory API at {url!r} for {waited:.0f}s",
-                        hint="check that env workers run (`atropos serve ENV --api-url ...`) and post groups; "
-                        "raise --wait-timeout for slow envs",
-                    )
-                time.sleep(poll_interval)
-                continue
-            last_data = time.monotonic()
-            try:
-                yield [ScoredGroup.model_validate(raw) for raw in batch]
-            except ValidationError as exc:
-                raise RecordError(f"GET /batch returned an invalid group: {exc.errors()[0]['msg']}") from None
+    registration = TrainerRegistration(
+        wandb_group="atropos-train",
+        wandb_project="atropos-train",
+        batch_size=batch_size,
+        max_token_len=max_token_len,
+        checkpoint_dir=str(checkpoint_dir),
+        num_steps=num_steps,
+    )
+    started = time.monotonic()
+    for batch in iter_raw_batches(
+        url, registration, api_key=api_key, idle_timeout=wait_timeout, poll_interval=poll_interval
+    ):
+        try:
+            yield [ScoredGroup.model_validate(raw) for raw in batch]
+        except ValidationError as exc:
+            raise RecordError(f"GET /batch returned an invalid group: {exc.errors()[0]['msg']}") from None
+        started = time.monotonic()
+    raise ApiWaitTimeout(  # iter_raw_batches ends only when no batch came for wait_timeout seconds
+        f"no batch from the trajectory API at {url!r} for {time.monotonic() - started:.0f}s",
+        hint="check that env workers run (`atropos serve ENV --api-url ...`) and post groups; "
+        "raise --wait-timeout for slow envs",
+    )
