@@ -12,10 +12,7 @@ HEAVY = ("torch", "transformers", "datasets", "vllm")
 
 
 def test_importing_the_cli_pulls_in_no_heavy_stack():
-    code = (
-        "import sys, atropos_cli.cli.app as a\n"
-        f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
-    )
+    code = f"import sys, atropos_cli.cli.app as a\nprint(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 

@@ -15,7 +15,14 @@ def resolve(yaml_data=None, cli_env=None, cli_openai=None):
 
 def test_dotted_flags_parse_values_with_yaml_scalar_rules():
     parsed = parse_dotted_flags(
-        ["--env.group_size", "16", "--env.use_wandb=false", "--openai.base_url", "http://h/v1", "--env.include_messages"]
+        [
+            "--env.group_size",
+            "16",
+            "--env.use_wandb=false",
+            "--openai.base_url",
+            "http://h/v1",
+            "--env.include_messages",
+        ]
     )
     assert parsed["env"] == {"group_size": 16, "use_wandb": False, "include_messages": True}
     assert parsed["openai"] == {"base_url": "http://h/v1"}

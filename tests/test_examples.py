@@ -14,8 +14,19 @@ def test_parity_example_env_processes_and_scores(tmp_path, fake_server):
     server = fake_server(rule=lambda prompt, index: "even" if index % 2 == 0 else "odd!!!!!!!!!!")
     out = tmp_path / "run"
     result = CliRunner().invoke(
-        app, ["process", str(EXAMPLE), "--out", str(out), "--num-groups", "4", "--group-size", "2",
-              "--base-url", server.base_url],
+        app,
+        [
+            "process",
+            str(EXAMPLE),
+            "--out",
+            str(out),
+            "--num-groups",
+            "4",
+            "--group-size",
+            "2",
+            "--base-url",
+            server.base_url,
+        ],
     )
     assert result.exit_code == 0, result.output
     groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]

@@ -17,7 +17,9 @@ def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run(
         [sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(out), str(ROOT)],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     )
     (path,) = out.glob("atropos-*.whl")
     return path
@@ -45,13 +47,18 @@ def test_wheel_in_a_fresh_venv_runs_process_against_a_local_server(wheel, tmp_pa
     subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
     server = subprocess.Popen(
         [python, "-m", "atropos_cli.testing.fake_server", "--port", "0", "--rule", "arithmetic"],
-        stdout=subprocess.PIPE, text=True, cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=tmp_path,
     )
     try:
         url = server.stdout.readline().strip()
         run = subprocess.run(
             [atropos, "process", "arithmetic", "--out", "run", "--num-groups", "4", "--base-url", url],
-            cwd=tmp_path, capture_output=True, text=True, timeout=120,
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert run.returncode == 0, run.stderr
         assert "wrote 4 groups" in run.stdout

@@ -29,8 +29,10 @@ class ScriptedServer:
             await asyncio.sleep(self.delay)
             if self.error:
                 raise self.error
-            return Generation(model=self.model_name, choices=[Choice(index=i, text=self.texts[i % len(self.texts)],
-                              finish_reason="stop") for i in range(n)])
+            return Generation(
+                model=self.model_name,
+                choices=[Choice(index=i, text=self.texts[i % len(self.texts)], finish_reason="stop") for i in range(n)],
+            )
         finally:
             self.in_flight -= 1
 

@@ -4,6 +4,7 @@ path that trains it (`atropos_trainer.sft`) plus the tokenizer/model builders (`
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import subprocess
 import sys
@@ -49,13 +50,14 @@ def test_shipped_tokenizer_spells_numbers_digit_by_digit_and_has_a_chat_template
     assert tokenizer.decode(tokenizer.encode("any text: é ✓")) == "any text: é ✓"  # byte fallback
 
 
-def test_shipped_model_accuracy_is_between_30_and_70_percent():
-    """64 eval items x 8 samples at the env's default sampling: groups must disagree."""
+def _shipped_scores(temperature: float | None, n: int) -> list[list[float]]:
+    """Rewards of the shipped model on 64 eval items x n samples (default temperature: the env's, 1.0)."""
     env_cls = resolve_env("arithmetic")
     config, _ = env_cls.config_init()
     env = env_cls(config.model_copy(update={"eval_size": 64}), server=None)
     backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
-    params = SamplingParams(n=8, temperature=config.temperature, max_tokens=config.max_token_length)
+    temperature = config.temperature if temperature is None else temperature
+    params = SamplingParams(n=n, temperature=temperature, max_tokens=config.max_token_length)
     items = list(env.items("eval"))
 
     async def sample():
@@ -70,11 +72,47 @@ def test_shipped_model_accuracy_is_between_30_and_70_percent():
             await backend.aclose()
 
     gens = asyncio.run(sample())
-    scores = [[env.reward(c.text, it)["score"] for c in g.choices] for it, g in zip(items, gens, strict=True)]
+    return [[env.reward(c.text, it)["score"] for c in g.choices] for it, g in zip(items, gens, strict=True)]
+
+
+def test_shipped_model_accuracy_is_between_30_and_70_percent():
+    """64 eval items x 8 samples at the env's default sampling: groups must disagree."""
+    scores = _shipped_scores(None, 8)
     accuracy = sum(map(sum, scores)) / (64 * 8)
     assert 0.3 <= accuracy <= 0.7, accuracy
     mixed = sum(1 for group in scores if 0 < sum(group) < 8)
     assert mixed >= 16, f"only {mixed} of 64 groups have differing scores"
+
+
+def test_shipped_model_knows_more_than_it_samples():
+    """Trained on 40% near-miss answers: greedy is mostly right, so GRPO has headroom above the 36% sampled."""
+    greedy = sum(s for group in _shipped_scores(0.0, 1) for s in group) / 64
+    assert greedy >= 0.65, greedy
+
+
+def test_recipe_noisy_demonstrations_keep_the_right_answer_the_most_frequent(tmp_path):
+    spec = importlib.util.spec_from_file_location("build_tiny_model", REPO / "examples" / "build_tiny_model.py")
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    arith = recipe._arith_module()
+    clean = [json.loads(line) for line in _chats(recipe, tmp_path / "clean.jsonl", 0.0)]
+    noisy = [json.loads(line) for line in _chats(recipe, tmp_path / "noisy.jsonl", 0.4)]
+    wrong = []
+    for a, b in zip(clean, noisy, strict=True):
+        assert a["messages"][0] == b["messages"][0]  # same questions: the noise has its own seeded stream
+        question = a["messages"][0]["content"].removeprefix("What is ").removesuffix("?")
+        right = eval(question)  # noqa: S307 - our own generated "a op b"
+        assert int(a["messages"][1]["content"]) == right
+        wrong.append(int(b["messages"][1]["content"]) - right)
+    misses = [d for d in wrong if d]
+    assert 0.35 <= len(misses) / len(wrong) <= 0.45
+    assert set(misses) == {-3, -2, -1, 1, 2, 3}  # spread: each wrong value is far rarer than the right one
+    assert arith.ArithmeticConfig().max_operand == 30
+
+
+def _chats(recipe, path: Path, noise: float):
+    recipe.write_chats(path, 2000, 0, noise, 3)
+    return path.read_text().splitlines()
 
 
 def test_tokenizer_builder_and_init_model(tmp_path):
