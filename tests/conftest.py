@@ -34,3 +34,23 @@ def fake_server() -> Iterator[Callable[..., Any]]:
         server.request_stop()
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def trajectory_api() -> Iterator[Callable[..., Any]]:
+    """Factory: `api = trajectory_api(api_key="k")` runs our `atropos api` app (in memory) on 127.0.0.1 in a
+    thread; `api.url` is its base URL. Every server started through it is stopped when the test ends."""
+    from atropos_cli.api.app import create_app
+    from atropos_cli.api.service import ApiSettings
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    started: list[ThreadedServer] = []
+
+    def start(**settings: Any) -> ThreadedServer:
+        server = ThreadedServer(create_app(ApiSettings(**settings)), lifespan="on").start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()

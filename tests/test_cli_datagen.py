@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pyarrow.parquet as pq
@@ -206,41 +204,12 @@ def test_tokens_only_groups_need_and_use_a_tokenizer(tmp_path: Path) -> None:
     assert row["completion"] == "4 <eos>" and row["prefix"].startswith("user : What")
 
 
-class _Api:
-    """Our `atropos api` app on a free 127.0.0.1 port (uvicorn in a thread)."""
-
-    def __init__(self, **settings: object) -> None:
-        import uvicorn
-
-        from atropos_cli.api.app import create_app
-        from atropos_cli.api.service import ApiSettings
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(ApiSettings(**settings)), log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> _Api:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.01)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-
-
 @pytest.fixture
-def api() -> Iterator[_Api]:
-    with _Api(disable_reset=True, api_key="sekret") as server:
-        yield server
+def api(trajectory_api):
+    return trajectory_api(disable_reset=True, api_key="sekret")
 
 
-def _post_groups(api: _Api, groups: list[ScoredGroup]) -> None:
+def _post_groups(api: Any, groups: list[ScoredGroup]) -> None:
     headers = {"Authorization": "Bearer sekret"}
     registration = {
         "wandb_group": "t", "wandb_project": "t", "batch_size": 8, "max_token_len": 64,
@@ -251,7 +220,7 @@ def _post_groups(api: _Api, groups: list[ScoredGroup]) -> None:
     assert response.status_code == 200, response.text
 
 
-def test_api_url_pulls_groups_without_reset(api: _Api, tmp_path: Path) -> None:
+def test_api_url_pulls_groups_without_reset(api: Any, tmp_path: Path) -> None:
     _post_groups(api, make_groups(n=4, size=4))
     args = ["sft-gen", "--api-url", api.url, "--api-key", "sekret", "--idle-timeout", "0.5", "--group-size", "4"]
     result = invoke(*args, "--tasks-per-step", "2", "--out", tmp_path / "o")
@@ -266,7 +235,7 @@ def test_api_url_pulls_groups_without_reset(api: _Api, tmp_path: Path) -> None:
     assert result.exit_code != 0 and "--api-key" in result.output
 
 
-def test_api_url_stops_at_num_seqs_without_waiting_for_idle(api: _Api, tmp_path: Path) -> None:
+def test_api_url_stops_at_num_seqs_without_waiting_for_idle(api: Any, tmp_path: Path) -> None:
     _post_groups(api, make_groups(n=4, size=4))
     start = time.monotonic()
     args = ["dpo-gen", "--api-url", api.url, "--api-key", "sekret", "--idle-timeout", "60", "--group-size", "2"]

@@ -7,7 +7,6 @@ import asyncio
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,13 +16,13 @@ import pytest
 torch = pytest.importorskip("torch")
 openai = pytest.importorskip("openai")
 
-import uvicorn  # noqa: E402
 
 from atropos_cli.inference.base import ServerConfig  # noqa: E402
 from atropos_cli.inference.local import LocalBackend  # noqa: E402
 from atropos_cli.inference_server import create_app  # noqa: E402
 from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path  # noqa: E402
 from atropos_cli.testing import free_port  # noqa: E402
+from atropos_cli.testing.threaded import ThreadedServer  # noqa: E402
 
 QUESTIONS = [[{"role": "user", "content": f"What is {a} + {b}?"}] for a, b in [(12, 7), (40, 2), (9, 9), (55, 31)]]
 
@@ -31,19 +30,8 @@ QUESTIONS = [[{"role": "user", "content": f"What is {a} + {b}?"}] for a, b in [(
 @pytest.fixture(scope="module")
 def served():
     backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
-    server = uvicorn.Server(
-        uvicorn.Config(create_app(backend), host="127.0.0.1", port=free_port(), log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started:
-        assert time.time() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    yield f"http://127.0.0.1:{port}", backend
-    server.should_exit = True
-    thread.join(timeout=10)
+    with ThreadedServer(create_app(backend), lifespan="off") as server:
+        yield server.url, backend
 
 
 @pytest.fixture(scope="module")

@@ -18,14 +18,13 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
 from atropos_cli.api.app import create_app
 from atropos_cli.api.service import ApiSettings
 from atropos_cli.envsetup import load_env
 from atropos_cli.errors import AtroposError
 from atropos_cli.serve import ServeOptions, serve_env
-from atropos_cli.testing import free_port
+from atropos_cli.testing.threaded import ThreadedServer
 
 ENV_FILE = str(Path(__file__).parent / "data" / "serve" / "counting_env.py")
 NO_SERVER = "http://127.0.0.1:9/v1"  # never called: the counting env makes its groups itself
@@ -33,21 +32,8 @@ NO_SERVER = "http://127.0.0.1:9/v1"  # never called: the counting env makes its 
 
 @contextmanager
 def running_api(**settings: Any) -> Iterator[str]:
-    port = free_port()
-    app = create_app(ApiSettings(**settings))
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while not server.started:
-        assert time.monotonic() < deadline, "api did not start"
-        time.sleep(0.02)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(10)
+    with ThreadedServer(create_app(ApiSettings(**settings)), lifespan="on") as server:
+        yield server.url
 
 
 def start_trainer(url: str, batch_size: int = 4, headers: dict[str, str] | None = None) -> None:

@@ -81,35 +81,6 @@ def test_train_from_files_checkpoints_metrics_and_resume(tiny_model: Path, tmp_p
         run_training(opts.model_copy(update={"resume": True}), _config(tiny_model, out, steps=4, loss="dapo"), print)
 
 
-class _Api:
-    """Our `atropos api` app on a free 127.0.0.1 port (uvicorn in a thread), stopped on exit."""
-
-    def __init__(self) -> None:
-        import uvicorn
-
-        from atropos_cli.api.app import create_app
-        from atropos_cli.api.service import ApiSettings
-
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        config = uvicorn.Config(create_app(ApiSettings()), log_level="warning", lifespan="on")
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-
-    def __enter__(self) -> _Api:
-        self.thread.start()
-        deadline = time.monotonic() + 10
-        while not self.server.started and time.monotonic() < deadline:
-            time.sleep(0.02)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.sock.close()
-
-
 def _register(url: str, batch_size: int) -> None:
     body = {
         "wandb_group": "t",
@@ -124,8 +95,8 @@ def _register(url: str, batch_size: int) -> None:
     httpx.post(f"{url}/register", json=body).raise_for_status()
 
 
-def test_train_behind_a_trajectory_api(tiny_model: Path, tmp_path: Path):
-    with _Api() as api:
+def test_train_behind_a_trajectory_api(tiny_model: Path, tmp_path: Path, trajectory_api):
+    with trajectory_api() as api:
         _register(api.url, batch_size=8)
         for group in _groups(4, seed=3):
             assert httpx.post(f"{api.url}/scored_data", json=group.to_scored_data()).status_code == 200
@@ -136,8 +107,8 @@ def test_train_behind_a_trajectory_api(tiny_model: Path, tmp_path: Path):
     assert [m["groups"] for m in seen] == [2, 2]  # 8 sequences a batch = 2 groups of 4
 
 
-def test_api_without_data_times_out_with_a_clear_error(tiny_model: Path, tmp_path: Path):
-    with _Api() as api:
+def test_api_without_data_times_out_with_a_clear_error(tiny_model: Path, tmp_path: Path, trajectory_api):
+    with trajectory_api() as api:
         opts = RunOptions(api_url=api.url, api_batch_size=8, wait_timeout=1.0)
         with pytest.raises(ApiWaitTimeout, match="no batch from the trajectory API") as info:
             run_training(opts, _config(tiny_model, tmp_path / "run", steps=1), print)

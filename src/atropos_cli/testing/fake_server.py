@@ -21,7 +21,6 @@ import asyncio
 import random
 import re
 import signal
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -160,7 +159,6 @@ class FakeInferenceServer:
         self.port = port
         self._error_rng = random.Random(seed + 1)
         self._server: Any = None
-        self._thread: threading.Thread | None = None
         self.reset_stats()
 
     # -- lifecycle ---------------------------------------------------------------------------------------
@@ -170,39 +168,21 @@ class FakeInferenceServer:
         return f"http://{self.host}:{self.port}/v1"
 
     def start(self, timeout_s: float = 10.0) -> FakeInferenceServer:
-        import uvicorn
+        from atropos_cli.testing.threaded import ThreadedServer
 
-        # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets whose proto says TCP; without it every
-        # keep-alive response waits ~40 ms on Nagle + delayed ACK.
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))  # port 0: the OS picks a free one, and we hold it (no race)
-        self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            build_app(self), log_level="warning", access_log=False, lifespan="off", timeout_graceful_shutdown=2
-        )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(
-            target=self._server.run, kwargs={"sockets": [sock]}, name=f"fake-server-{self.port}", daemon=True
-        )
-        self._thread.start()
-        deadline = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"fake inference server did not start on {self.host}:{self.port}")
-            time.sleep(0.01)
+        self._server = ThreadedServer(build_app(self), self.host, self.port, lifespan="off").start(timeout_s)
+        self.port = self._server.port
         return self
 
     def request_stop(self) -> None:
         """Ask the server to shut down without waiting (stop several at once, then `stop()` each)."""
         if self._server is not None:
-            self._server.should_exit = True
+            self._server.request_stop()
 
     def stop(self) -> None:
-        self.request_stop()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        self._server = self._thread = None
+        if self._server is not None:
+            self._server.stop()
+        self._server = None
 
     def __enter__(self) -> FakeInferenceServer:
         return self if self._server is not None else self.start()
