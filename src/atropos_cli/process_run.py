@@ -114,26 +114,24 @@ def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
     return candidate
 
 
-def _done_indices(paths: RunPaths) -> tuple[set[int], int]:
+def _done_indices(paths: RunPaths) -> set[int]:
     """Item indices already in groups.jsonl (and filtered in failures.jsonl); also drops a torn last line."""
     from atropos_cli.readers import iter_groups
 
     done: set[int] = set()
-    count = 0
     if paths.groups.exists():
         _truncate_partial_line(paths.groups)
         for sourced in iter_groups([paths.groups]):
             meta = sourced.group.meta
             if meta is not None and meta.index is not None:
                 done.add(meta.index)
-                count += 1
     if paths.failures.exists():
         _truncate_partial_line(paths.failures)
         for line in paths.failures.read_text().splitlines():
             record = json.loads(line)
             if record.get("error_type") == "Filtered" and record.get("index") is not None:
                 done.add(record["index"])
-    return done, count
+    return done
 
 
 def _truncate_partial_line(path: Path) -> None:
@@ -146,7 +144,7 @@ def _truncate_partial_line(path: Path) -> None:
 def prepare_output(paths: RunPaths, run_config: RunConfig, *, resume: bool, overwrite: bool) -> set[int]:
     """Create or check the run directory; returns the item indices to skip when resuming."""
     claim_output(paths.root, paths.config, paths.outputs(), run_config, resume=resume, overwrite=overwrite)
-    return _done_indices(paths)[0] if resume else set()
+    return _done_indices(paths) if resume else set()
 
 
 async def run_process(
