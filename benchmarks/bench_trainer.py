@@ -128,26 +128,48 @@ def time_steps(step, steps: int, warmup: int, device: str) -> float:
     return (time.perf_counter() - started) / steps
 
 
-def bench_ours(args, cfg, state, groups, micro_tokens: int, ckpt: bool, compile_: bool, dtype: str):
+def bench_ours(args, cfg, state, groups, variant: dict):
     from atropos_trainer.grpo import GRPOConfig, GRPOTrainer
 
     _reset(args.device)
     model = fresh_model(cfg, args.device, state=state)
     config = GRPOConfig(
         out="/tmp/bench",
-        dtype=dtype,
+        dtype=variant["dtype"],
         device=args.device,
-        micro_batch_tokens=micro_tokens,
-        gradient_checkpointing=ckpt,
+        micro_batch_tokens=variant["micro"],
+        gradient_checkpointing=variant["ckpt"],
+        compile=variant["compile"],
+        pack=variant["pack"],
+        activation_memory_budget=variant["budget"],
         lr=1e-6,
         max_len=args.seq_len + 1,
     )
     trainer = GRPOTrainer(config, model=model)
-    if compile_:
-        getattr(model, model.base_model_prefix).compile()  # what `atropos train --compile` does
     per_step = time_steps(lambda: trainer.step(groups), args.steps, args.warmup, args.device)
     peak = _peak(args.device)
     return per_step, peak
+
+
+def parse_variant(spec: str) -> dict:
+    """micro_tokens:checkpointing:compile:dtype[:pack[:activation_budget]], e.g. 8192:0:1:bf16-pure:1:0.5"""
+    parts = spec.split(":")
+    return {
+        "micro": int(parts[0]),
+        "ckpt": bool(int(parts[1])),
+        "compile": bool(int(parts[2])),
+        "dtype": parts[3],
+        "pack": bool(int(parts[4])) if len(parts) > 4 else False,
+        "budget": float(parts[5]) if len(parts) > 5 else None,
+    }
+
+
+def describe(v: dict) -> str:
+    text = f"{v['dtype']}, micro-batch {v['micro']} tokens, ckpt {'on' if v['ckpt'] else 'off'}"
+    text += ", compiled" if v["compile"] else ""
+    text += ", packed" if v["pack"] else ""
+    text += f", activation budget {v['budget']}" if v["budget"] is not None else ""
+    return text
 
 
 def load_example_trainer():
@@ -233,7 +255,10 @@ def grad_errors(args, cfg, state, groups, mods):
         trainer = GRPOTrainer(config, model=model)
         lp = trainer._logprobs(model, mb)
         (-(lp * mb.advantages * mb.loss_mask).sum(-1).div(lengths).mean()).backward()
-        err = float((_flat_grad(model) - reference).norm() / reference.norm())
+        trainer.precision.after_backward()
+        master = trainer.precision.master  # bf16-pure: the gradients live in the fp32 accumulators
+        grad = torch.cat([m.grad.flatten() for m in master]) if master is not None else _flat_grad(model)
+        err = float((grad - reference).norm() / reference.norm())
         out[f"ours, --dtype {dtype} (fp32 logits)"] = err
     if mods is not None:
         data_mod, model_mod, _, training_mod, TrainingConfig, _ = mods
@@ -274,8 +299,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument(
         "--ours",
-        default="8192:0:1:bf16-pure,8192:0:1:bf16,16384:1:1:bf16-pure,8192:0:0:bf16-pure",
-        help="variants micro_tokens:checkpointing:compile, comma-separated",
+        default="8192:0:1:bf16-pure,8192:0:1:bf16-pure:1,4096:0:1:bf16-pure,8192:0:1:bf16-pure:0:0.5,16384:1:1:bf16-pure",
+        help="variants micro_tokens:checkpointing:compile:dtype[:pack[:activation_budget]], comma-separated",
     )
     parser.add_argument("--atropos", default="2:1,32:1,8:0", help="variants micro_batch:checkpointing")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
@@ -309,13 +334,12 @@ def main() -> None:
         print(line, flush=True)
 
     for spec in filter(None, args.ours.split(",")):
-        micro, ckpt, comp = (int(x) for x in spec.split(":")[:3])
-        dtype = spec.split(":")[3]
-        setting = f"{dtype}, micro-batch {micro} tokens, ckpt {'on' if ckpt else 'off'}{', compiled' if comp else ''}"
+        variant = parse_variant(spec)
+        setting = describe(variant)
         try:
-            row("ours", setting, *bench_ours(args, cfg, state, groups, micro, bool(ckpt), bool(comp), dtype))
+            row("ours", setting, *bench_ours(args, cfg, state, groups, variant))
         except Exception as exc:  # a benchmark row that fails is reported, the others still run
-            lines.append(f"| ours | {setting} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
+            lines.append(f"| ours | {setting} | failed: {type(exc).__name__}: {str(exc)[:160]} | | | |")
             print(lines[-1], flush=True)
     mods = None
     try:

@@ -114,3 +114,14 @@ def test_sft_mode_trains_and_saves_a_model(tiny_model: Path, tmp_path: Path):
     assert result.exit_code == 0, result.output
     assert "saved the fine-tuned model to" in result.output
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+
+
+def test_packed_training_from_files(tiny_model: Path, tmp_path: Path):
+    data = _rollouts(tmp_path / "r.jsonl")
+    args = ["train", "--data", str(data), "--model", str(tiny_model), "--steps", "1", "--groups-per-step", "4"]
+    packed = runner.invoke(app, [*args, "--out", str(tmp_path / "p"), "--pack", "--micro-batch-tokens", "64"])
+    assert packed.exit_code == 0, packed.output
+    config = json.loads((tmp_path / "p" / "train_config.json").read_text())["grpo"]
+    assert config["pack"] is True and config["micro_batch_tokens"] == 64
+    metrics = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[0])
+    assert metrics["padded_tokens"] == 16 * 7  # 16 rollouts of 8 tokens (7 model positions each), no padding

@@ -16,24 +16,13 @@ from atropos_trainer.batching import group_advantages, micro_batches, prepare  #
 from atropos_trainer.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
 from atropos_trainer.logprobs import naive_token_logprobs, token_logprobs  # noqa: E402
 
+from tiny_models import tiny_causal_lm  # noqa: E402
+
 VOCAB = 97
 
 
 def tiny_llama(seed: int = 0):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        tie_word_embeddings=False,
-    )
-    return LlamaForCausalLM(config)
+    return tiny_causal_lm("llama", VOCAB, seed)
 
 
 def group(scores, prompt_len=3, completion_len=4, seed=0, **extra) -> ScoredGroup:
@@ -160,3 +149,18 @@ def test_micro_batches_respect_the_token_budget():
     for b in batches:
         assert b.input_ids.numel() <= 30 or b.input_ids.shape[0] == 1
         assert int(b.loss_mask.sum()) == int(((b.loss_mask > 0) & (b.attention_mask > 0)).sum())
+
+
+def test_fused_and_eager_chunk_gradients_agree():
+    """The CUDA path compiles `_chunk_dlogits_fused`; it must compute what the eager in-place version does."""
+    from atropos_trainer.logprobs import _chunk_dlogits, _chunk_dlogits_fused
+
+    torch.manual_seed(1)
+    logits, targets = torch.randn(6, VOCAB) * 3, torch.randint(0, VOCAB, (6,))
+    grad = torch.randn(6)
+    for inv_temp in (None, torch.rand(6) + 0.5):
+        scaled = logits if inv_temp is None else logits * inv_temp[:, None]
+        lse = torch.logsumexp(scaled, dim=-1)
+        eager = _chunk_dlogits(logits.clone(), targets, inv_temp, lse, grad, torch.float32)
+        fused = _chunk_dlogits_fused(logits.clone(), targets, inv_temp, lse, grad, torch.float32)
+        assert torch.allclose(eager, fused, atol=1e-6)

@@ -122,15 +122,30 @@ def prepare(groups: list[ScoredGroup], scale_rewards: bool, dynamic_sampling: bo
 
 @dataclass
 class MicroBatch:
-    input_ids: torch.Tensor  # [B, T] int64, right-padded with 0
-    attention_mask: torch.Tensor  # [B, T] int64
-    targets: torch.Tensor  # [B, T] int64 (0 where padded)
-    loss_mask: torch.Tensor  # [B, T] float32, 1.0 on trained positions
-    advantages: torch.Tensor  # [B, T] float32
-    temperature: torch.Tensor  # [B] float32
-    inference_logp: torch.Tensor | None  # [B, T] float32, or None if any sample lacks them
+    """One forward/backward pass: the model's inputs in rows, and the trained positions in a loss layout.
+
+    Model layout [R, L]: padded (one sample a row, right-padded) or packed (several samples end to end in one
+    row, `position_ids` restarting at 0 for each, so attention stays within a sample). Loss layout [S, T]: one row
+    per sample, the shape `losses.policy_loss` reduces over. `select` holds the flat [R*L] indices of the trained
+    positions (only those go through the LM head: prompt positions never get logits) and `place` the flat [S*T]
+    index each of their log-probs lands at.
+    """
+
+    input_ids: torch.Tensor  # [R, L] int64 (0 where padded)
+    attention_mask: torch.Tensor  # [R, L] int64, 1 on real tokens
+    targets: torch.Tensor  # [R, L] int64: the next token at each position (0 where padded)
+    select: torch.Tensor  # [n] int64, flat indices into [R, L] of the trained positions
+    place: torch.Tensor  # [n] int64, flat indices into [S, T] of the same positions
+    loss_mask: torch.Tensor  # [S, T] float32, 1.0 on trained positions
+    advantages: torch.Tensor  # [S, T] float32
+    inv_temperature: torch.Tensor | None  # [n] float32, 1 / sampling temperature; None when all are 1
+    inference_logp: torch.Tensor | None  # [S, T] float32, or None if any sample lacks them
+    position_ids: torch.Tensor | None = None  # [R, L] int64, packed rows only
     padded: bool = True  # False when every row is full width: attention needs no mask then
-    unit_temperature: bool = False  # every rollout sampled at temperature 1: skip the logits scaling
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
 
     def to(self, device: torch.device | str) -> MicroBatch:
         fields = vars(self).items()
@@ -138,43 +153,93 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def _collate(samples: list[Sample]) -> MicroBatch:
-    width = max(len(s.tokens) - 1 for s in samples)
-    b = len(samples)
-    input_ids = torch.zeros(b, width, dtype=torch.long)
-    attention = torch.zeros(b, width, dtype=torch.long)
-    targets = torch.zeros(b, width, dtype=torch.long)
-    loss_mask = torch.zeros(b, width)
-    adv = torch.zeros(b, width)
+def _collate(rows: list[list[Sample]]) -> MicroBatch:
+    """Rows of samples (one sample a row = padded; several = packed) into one micro-batch."""
+    samples = [s for row in rows for s in row]
+    width = max(sum(len(s.tokens) - 1 for s in row) for row in rows)
+    span = max(len(s.tokens) - 1 for s in samples)
+    r, b = len(rows), len(samples)
+    input_ids = torch.zeros(r, width, dtype=torch.long)
+    attention = torch.zeros(r, width, dtype=torch.long)
+    targets = torch.zeros(r, width, dtype=torch.long)
+    positions = torch.zeros(r, width, dtype=torch.long)
+    loss_mask, adv = torch.zeros(b, span), torch.zeros(b, span)
     have_inf = all(s.inference_logprobs is not None for s in samples)
-    inf = torch.zeros(b, width) if have_inf else None
-    for row, s in enumerate(samples):
-        n = len(s.tokens) - 1
-        input_ids[row, :n] = torch.tensor(s.tokens[:-1])
-        targets[row, :n] = torch.tensor(s.tokens[1:])
-        attention[row, :n] = 1
-        loss_mask[row, :n] = torch.tensor(s.trained, dtype=torch.float32)
-        adv[row, :n] = torch.tensor(s.advantages, dtype=torch.float32)
-        if inf is not None:
-            inf[row, :n] = torch.tensor(s.inference_logprobs, dtype=torch.float32)
-    temps = torch.tensor([s.temperature for s in samples], dtype=torch.float32)
-    padded = any(len(s.tokens) - 1 < width for s in samples)
+    inf = torch.zeros(b, span) if have_inf else None
+    select, place, temps = [], [], []
+    k = 0
+    for row_index, row in enumerate(rows):
+        offset = 0
+        for s in row:
+            n = len(s.tokens) - 1
+            cols = slice(offset, offset + n)
+            input_ids[row_index, cols] = torch.tensor(s.tokens[:-1])
+            targets[row_index, cols] = torch.tensor(s.tokens[1:])
+            attention[row_index, cols] = 1
+            positions[row_index, cols] = torch.arange(n)
+            trained = torch.tensor(s.trained, dtype=torch.bool)
+            loss_mask[k, :n] = trained.float()
+            adv[k, :n] = torch.tensor(s.advantages, dtype=torch.float32)
+            if inf is not None:
+                inf[k, :n] = torch.tensor(s.inference_logprobs, dtype=torch.float32)
+            where = trained.nonzero().squeeze(1)
+            select.append(row_index * width + offset + where)
+            place.append(k * span + where)
+            temps.append(torch.full((len(where),), 1.0 / s.temperature))
+            offset += n
+            k += 1
     unit = all(s.temperature == 1.0 for s in samples)
-    return MicroBatch(input_ids, attention, targets, loss_mask, adv, temps, inf, padded, unit)
+    packed = any(len(row) > 1 for row in rows)
+    return MicroBatch(
+        input_ids=input_ids,
+        attention_mask=attention,
+        targets=targets,
+        select=torch.cat(select),
+        place=torch.cat(place),
+        loss_mask=loss_mask,
+        advantages=adv,
+        inv_temperature=None if unit else torch.cat(temps),
+        inference_logp=inf,
+        position_ids=positions if packed else None,
+        padded=bool((attention == 0).any()),
+    )
 
 
-def micro_batches(samples: list[Sample], max_tokens: int) -> list[MicroBatch]:
-    """Pad samples of similar length together; each micro-batch holds at most `max_tokens` padded tokens
-    (a single longer sample still gets its own micro-batch)."""
+def micro_batches(samples: list[Sample], max_tokens: int, pack: bool = False) -> list[MicroBatch]:
+    """Split a step's samples into micro-batches of at most `max_tokens` model tokens each.
+
+    Padded (default): samples sorted by length, similar lengths padded together. Packed: samples laid end to end
+    in one row per micro-batch (first-fit decreasing), so no token is padding; the model must keep attention
+    within each sample (`position_ids`; see grpo.py). A single sample longer than the budget gets its own batch.
+    """
+    if pack:
+        return [_collate([row]) for row in _pack(samples, max_tokens)]
     ordered = sorted(samples, key=lambda s: len(s.tokens))
     batches: list[MicroBatch] = []
     current: list[Sample] = []
     for s in ordered:
         width = len(s.tokens) - 1  # sorted ascending, so this is the widest so far
         if current and (len(current) + 1) * width > max_tokens:
-            batches.append(_collate(current))
+            batches.append(_collate([[x] for x in current]))
             current = []
         current.append(s)
     if current:
-        batches.append(_collate(current))
+        batches.append(_collate([[x] for x in current]))
     return batches
+
+
+def _pack(samples: list[Sample], capacity: int) -> list[list[Sample]]:
+    """First-fit decreasing bin packing by model tokens (len - 1)."""
+    bins: list[list[Sample]] = []
+    free: list[int] = []
+    for s in sorted(samples, key=lambda s: len(s.tokens), reverse=True):
+        n = len(s.tokens) - 1
+        for i, room in enumerate(free):
+            if n <= room:
+                bins[i].append(s)
+                free[i] -= n
+                break
+        else:
+            bins.append([s])
+            free.append(capacity - n)
+    return bins

@@ -3,8 +3,10 @@
 Where it sits: `grpo.py` calls `save_checkpoint` every `save_every` steps, at the end and on Ctrl-C; `atropos
 train --resume` calls `latest_checkpoint` and `load_optimizer_state`. A checkpoint is a directory any HF tool
 (and vLLM) can load: `save_pretrained` weights + config + tokenizer, plus `trainer_state.json` (step, config)
-and `optimizer.pt` (AdamW moments, so a resumed run continues exactly). A checkpoint is written to a temporary
-name and renamed when complete, so a crash mid-save never leaves a half checkpoint that --resume would pick.
+and `optimizer.pt` (AdamW moments, so a resumed run continues exactly). A LoRA run saves the merged weights
+there and its adapter alone under step-N/adapter/ (`lora.py`), which is what --resume reloads. A checkpoint
+is written to a temporary name and renamed when complete, so a crash mid-save never leaves a half checkpoint
+that --resume would pick.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import re
 import shutil
 from pathlib import Path
 from typing import Any
+
+from .lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
 
 __all__ = ["save_checkpoint", "latest_checkpoint", "read_trainer_state", "load_optimizer_state", "CHECKPOINTS"]
 
@@ -39,7 +43,11 @@ def save_checkpoint(
     tmp = out / CHECKPOINTS / f".tmp-step-{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    model.save_pretrained(tmp)
+    if is_lora_model(model):  # the merged weights (a plain HF model, for vLLM) + the adapter (for --resume)
+        save_merged(model, tmp)
+        save_adapter(model, tmp / ADAPTER_DIR)
+    else:
+        model.save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if optimizer is not None:

@@ -29,13 +29,15 @@ from pydantic import BaseModel, ConfigDict, Field
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
+from . import lora
+from .attention import compile_body
 from .batching import micro_batches, prepare
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .logprobs import DEFAULT_CHUNK, token_logprobs
+from .logprobs import DEFAULT_CHUNK, flat_token_logprobs
 from .losses import LOSS_NAMES, LossConfig, LossStats, Normaliser, loss_config, policy_loss
 from .precision import Dtype, Precision
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "use_packing"]
 
 
 class GRPOConfig(BaseModel):
@@ -70,8 +72,21 @@ class GRPOConfig(BaseModel):
     device: str = "auto"
     dtype: Dtype = "fp32"
     gradient_checkpointing: bool = False
-    compile: bool = False  # torch.compile the transformer body (CUDA; ~15% faster on a 0.5B model)
+    compile: bool = False  # torch.compile each transformer layer (CUDA only)
     chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
+    # pack samples end to end (no padding) into micro-batches; on CUDA through flex attention (see use_packing)
+    pack: bool = False
+    # with --compile: the fraction of activations the compiled backward may keep; below 1, torch recomputes the
+    # cheapest ones (norms, activations) instead of storing them: less memory, no full re-forward like checkpointing
+    activation_memory_budget: float | None = Field(None, gt=0, le=1)
+    # LoRA (peft): r = 0 trains every weight; r > 0 trains only adapters on `lora_target_modules` (lora.py)
+    lora_r: int = 0
+    lora_alpha: int | None = None  # None: 2 * r
+    lora_dropout: float = 0.0
+    lora_target_modules: str = "all-linear"
+
+    def check_lora(self) -> None:
+        lora.check_lora(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
     def loss_config(self) -> LossConfig:
         if self.loss not in LOSS_NAMES:
@@ -106,7 +121,14 @@ def load_policy(name: str, device: str) -> tuple[Any, Any]:
 
 
 def _body_and_head(model: Any) -> tuple[Any, Any]:
-    """The transformer without its LM head, and the head's weight [vocab, hidden]."""
+    """The transformer without its LM head, and the head's weight [vocab, hidden].
+
+    Through a peft wrapper too (the body's layers then carry the adapters); for a LoRA run's KL reference
+    (`lora.ReferenceView`) the body runs with the adapter switched off."""
+    if isinstance(model, lora.ReferenceView):
+        body, head_weight = _body_and_head(model.peft_model)
+        return model.wrap_body(body), head_weight
+    model = lora.unwrap(model)
     body = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     head = model.get_output_embeddings()
     if body is None or head is None or getattr(head, "bias", None) is not None:
@@ -117,6 +139,26 @@ def _body_and_head(model: Any) -> tuple[Any, Any]:
     return body, head.weight
 
 
+def use_packing(model: Any, pack: bool, device: str) -> bool:
+    """Whether micro-batches are packed; on CUDA this switches the model to flex attention.
+
+    Packed rows carry restarting `position_ids` and no mask; transformers then confines attention to each sample.
+    With SDPA that takes a dense [L, L] mask: correct, and cheap for the short rows of a CPU run, but quadratic
+    in the row, so on CUDA packing switches the model to flex attention, whose block mask skips the blocks
+    between samples. Packing pays where rollout lengths vary; on equal lengths padded rows with SDPA's causal
+    kernel are faster (benchmarks/results/trainer_gpu.md)."""
+    if not pack or not device.startswith("cuda"):
+        return pack
+    try:
+        lora.unwrap(model).set_attn_implementation("flex_attention")
+    except (ValueError, ImportError, RuntimeError, AttributeError) as exc:
+        raise ConfigError(
+            f"--pack needs flex attention on CUDA, which this model/torch refused: {exc}",
+            hint="drop --pack (padded micro-batches) or upgrade torch/transformers",
+        ) from None
+    return True
+
+
 class GRPOTrainer:
     """Owns the policy, its fp32 master weights (`precision.py`), the optional frozen reference and AdamW."""
 
@@ -125,33 +167,60 @@ class GRPOTrainer:
 
         self.config = config
         self.loss_cfg = config.loss_config()
+        config.check_lora()  # bad --lora-* values fail before any model loads
         self.device = resolve_device(config.device)
         torch.manual_seed(config.seed)
         if model is None:
             model, tokenizer = load_policy(config.model, self.device)
         self.model, self.tokenizer = model.to(self.device).float(), tokenizer
+        if config.lora_r > 0:
+            self.model = lora.wrap(
+                self.model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules
+            )
         if config.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()
+            # transformers 5 renamed it (the old name warns); both forward through a peft wrapper
+            enable = getattr(self.model, "activation_checkpointing_enable", None)
+            (enable or self.model.gradient_checkpointing_enable)()
+            if self.is_lora:  # the embeddings are frozen: without this no gradient reaches a checkpointed block
+                self.model.enable_input_require_grads()
         self.model.train()
+        self.pack = use_packing(self.model, config.pack, self.device)
         if config.compile and self.device.startswith("cuda"):
-            _body_and_head(self.model)[0].compile()  # in place: parameter names (and checkpoints) unchanged
+            if config.activation_memory_budget is not None:
+                import torch._functorch.config as functorch_config
+
+                functorch_config.activation_memory_budget = config.activation_memory_budget
+            compile_body(lora.unwrap(self.model), _body_and_head(self.model)[0])
         self.ref_model = None
-        if self.loss_cfg.kl_beta > 0:
+        if self.loss_cfg.kl_beta > 0 and self.is_lora:
+            self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
+        elif self.loss_cfg.kl_beta > 0:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
         self.precision = Precision(self.model, config.dtype, self.device, config.lr, config.betas, config.weight_decay)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
 
     def _logprobs(self, model: Any, mb: Any) -> Any:
+        """Log-probs of the trained tokens of a micro-batch, fp32, in its loss layout [samples, T] (0 elsewhere)."""
+        import torch
+
         body, head_weight = _body_and_head(model)
-        # no mask when nothing is padded: attention then takes the plain causal (flash) path
-        mask = mb.attention_mask if mb.padded else None
+        # no KV cache: training never decodes, and with a cache transformers would not see the packing
+        inputs: dict[str, Any] = {"input_ids": mb.input_ids, "use_cache": False}
+        if mb.packed:  # no mask: attention is kept within each sample by the restarting position ids
+            inputs["position_ids"] = mb.position_ids
+        elif mb.padded:  # else no mask at all: attention takes the plain causal (flash) path
+            inputs["attention_mask"] = mb.attention_mask
         with self.precision.autocast(self.device):
-            hidden = body(input_ids=mb.input_ids, attention_mask=mask).last_hidden_state
-        # the LM head sees the compute dtype's inputs (as autocast would give it); its logits are fp32
-        hidden = hidden.to(self.precision.compute_dtype)
-        temperature = None if mb.unit_temperature else mb.temperature
-        return token_logprobs(hidden, head_weight, mb.targets, temperature, self.config.chunk_size)
+            hidden = body(**inputs).last_hidden_state
+        # only trained positions reach the LM head (prompt tokens need no logits); its inputs are in the compute
+        # dtype (as autocast would give them), its logits fp32
+        hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select).to(self.precision.compute_dtype)
+        targets = mb.targets.reshape(-1).index_select(0, mb.select)
+        sink = self.precision.grad_sink(head_weight) if torch.is_grad_enabled() else None
+        logp = flat_token_logprobs(hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink)
+        out = torch.zeros(mb.loss_mask.numel(), dtype=logp.dtype, device=logp.device)
+        return out.index_copy(0, mb.place, logp).view_as(mb.loss_mask)
 
     def step(self, groups: list[ScoredGroup]) -> dict[str, Any]:
         """One optimizer step on `groups`; returns the step's metrics (no step is taken if nothing trains)."""
@@ -166,7 +235,7 @@ class GRPOTrainer:
         norm = Normaliser(len(prepared.samples), sum(s.num_trained for s in prepared.samples))
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
-        for mb in micro_batches(prepared.samples, cfg.micro_batch_tokens):
+        for mb in micro_batches(prepared.samples, cfg.micro_batch_tokens, self.pack):
             mb = mb.to(self.device)
             logp = self._logprobs(self.model, mb)
             ref = None
@@ -213,15 +282,30 @@ class GRPOTrainer:
             out, self.step_count, self.model, self.tokenizer, self.optimizer, state, self.config.keep_checkpoints
         )
 
+    @property
+    def is_lora(self) -> bool:
+        """True when only LoRA adapters train (`lora_r > 0`); `self.model` is then a peft model."""
+        return lora.is_lora_model(self.model)
+
+    def save_adapter(self, path: Path) -> Path:
+        """Write only the adapter (adapter_config.json + adapter_model.safetensors) to `path`: what vLLM's
+        LoRA loading and `PeftModel.from_pretrained` read. Checkpoints hold it too, under step-N/adapter/."""
+        if not self.is_lora:
+            raise ConfigError("this run trains the full model: it has no adapter to save", hint="pass --lora-r 16")
+        return lora.save_adapter(self.model, Path(path))
+
     def resume(self, out: Path) -> Path | None:
         """Load the latest OUT/checkpoints/step-N (weights, optimizer, step); None if there is none."""
         checkpoint = latest_checkpoint(out)
         if checkpoint is None:
             return None
-        from transformers import AutoModelForCausalLM
+        if self.is_lora:  # the adapter itself, not the merged weights: the base stays bit-identical
+            lora.load_adapter(self.model, checkpoint / lora.ADAPTER_DIR)
+        else:
+            from transformers import AutoModelForCausalLM
 
-        loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.model.dtype)
-        self.model.load_state_dict(loaded.state_dict())
+            loaded = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=self.model.dtype)
+            self.model.load_state_dict(loaded.state_dict())
         self.precision.sync_from_model()
         load_optimizer_state(checkpoint, self.optimizer)
         self.step_count = int(read_trainer_state(checkpoint)["step"])

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
+__all__ = ["token_logprobs", "flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
 
 MIXED_MM = True  # becomes False once torch.mm(..., out_dtype=float32) is found unsupported
 DEFAULT_CHUNK = 1024  # tokens per chunk: 1024 x 152k vocab x 4 bytes = 0.6 GB of fp32 logits
+FUSE = True  # torch.compile the per-chunk elementwise work on CUDA (set False to compare with eager)
 
 
 def _mm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -40,42 +41,125 @@ def _mm(a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return a.float() @ b.float()
 
 
+def _chunk_logp(logits: torch.Tensor, targets: torch.Tensor, inv_temp: torch.Tensor | None):
+    """(log-prob of each target, logsumexp) of one chunk's fp32 logits scaled by 1/T: one read of the chunk."""
+    if inv_temp is not None:
+        logits = logits * inv_temp[:, None]
+    lse = torch.logsumexp(logits, dim=-1)
+    return logits.gather(1, targets[:, None]).squeeze(1) - lse, lse
+
+
+def _chunk_dlogits(logits, targets, inv_temp, lse, grad, dtype):
+    """d loss / d logits = g/T · (onehot(target) - softmax(logits/T)), in the compute dtype.
+
+    `lse` is the forward's logsumexp, so backward needs no second reduction over the vocabulary. In place on the
+    chunk's logits: eager, no second [chunk, vocab] buffer."""
+    g = (grad if inv_temp is None else grad * inv_temp)[:, None]
+    if inv_temp is not None:
+        logits = logits.mul_(inv_temp[:, None])
+    d = logits.sub_(lse[:, None]).exp_().mul_(-g)
+    return d.scatter_add_(1, targets[:, None], g).to(dtype)
+
+
+def _chunk_dlogits_fused(logits, targets, inv_temp, lse, grad, dtype):
+    """The same, written for torch.compile: the one-hot as a comparison (not a scatter), so the whole
+    expression is one elementwise kernel: one fp32 read and one compute-dtype write of the chunk."""
+    g = (grad if inv_temp is None else grad * inv_temp)[:, None]
+    scaled = logits if inv_temp is None else logits * inv_temp[:, None]
+    vocab = torch.arange(logits.shape[1], device=logits.device)
+    onehot = (vocab[None, :] == targets[:, None]).to(logits.dtype)
+    return ((onehot - torch.exp(scaled - lse[:, None])) * g).to(dtype)
+
+
+_KERNELS: dict[str, object] = {}
+
+
+def _kernel(name: str, device: torch.device):
+    """The chunk function, fused into one kernel by torch.compile on CUDA (eager elsewhere).
+
+    Eager, each elementwise step is a pass over the [chunk, vocab] fp32 buffer (0.6 GB at 1024 x 152k): about
+    five in backward. Fused, it is one read and one write of the chunk."""
+    if device.type != "cuda" or not FUSE:
+        return {"logp": _chunk_logp, "dlogits": _chunk_dlogits}[name]
+    if name not in _KERNELS:
+        fn = {"logp": _chunk_logp, "dlogits": _chunk_dlogits_fused}[name]
+        _KERNELS[name] = torch.compile(fn, dynamic=True)
+    return _KERNELS[name]
+
+
+MIXED_ADDMM = True  # becomes False once torch.addmm(..., out_dtype=float32, out=acc) is found unsupported
+
+
+def _add_mm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype) -> None:
+    """acc += a·b in place (fp32 acc): on CUDA one GEMM with beta=1, not a product and then a [V, H] add pass."""
+    global MIXED_ADDMM
+    if dtype != torch.float32 and MIXED_ADDMM and acc.is_cuda:
+        try:
+            torch.addmm(acc, a.to(dtype), b.to(dtype), out_dtype=torch.float32, out=acc)
+            return
+        except (RuntimeError, TypeError):
+            MIXED_ADDMM = False
+    acc += _mm(a, b, dtype)
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, inv_temp, chunk_size):  # type: ignore[override]
+    def forward(ctx, h, weight, targets, inv_temp, chunk_size, weight_grad):  # type: ignore[override]
         n, dtype = h.shape[0], h.dtype
         w_t = weight.to(dtype).t()  # cast once per call, not per chunk (an fp32 master -> bf16 compute copy)
         out = torch.empty(n, dtype=torch.float32, device=h.device)
+        lse = torch.empty(n, dtype=torch.float32, device=h.device)
+        chunk_logp = _kernel("logp", h.device)
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            logits = _mm(h[start:end], w_t, dtype).mul_(inv_temp[start:end, None])
-            picked = logits.gather(1, targets[start:end, None]).squeeze(1)
-            out[start:end] = picked - torch.logsumexp(logits, dim=-1)
-        ctx.save_for_backward(h, weight, targets, inv_temp)
-        ctx.chunk_size = chunk_size
+            temp = None if inv_temp is None else inv_temp[start:end]
+            out[start:end], lse[start:end] = chunk_logp(_mm(h[start:end], w_t, dtype), targets[start:end], temp)
+        ctx.save_for_backward(h, weight, targets, inv_temp, lse)
+        ctx.chunk_size, ctx.weight_grad = chunk_size, weight_grad
         return out
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
-        h, weight, targets, inv_temp = ctx.saved_tensors
+        h, weight, targets, inv_temp, lse = ctx.saved_tensors
         n, chunk, dtype = h.shape[0], ctx.chunk_size, h.dtype
         w = weight.to(dtype)
         grad_h = torch.empty_like(h) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        # the LM head's gradient accumulates in fp32: straight into the caller's buffer when it gives one (the
+        # fp32 master's .grad: no [vocab, hidden] temporary), else into a new one; not at all for a frozen head
+        grad_w = ctx.weight_grad
+        if grad_w is None and ctx.needs_input_grad[1]:
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+        chunk_dlogits = _kernel("dlogits", h.device)
+        grad_out = grad_out.contiguous()
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
-            logits = _mm(h[start:end], w.t(), dtype).mul_(inv_temp[start:end, None])
-            # d logp/d logits = onehot - softmax, times the upstream grad and the 1/T of the temperature scaling;
-            # computed in place, so one [chunk, vocab] fp32 buffer is all the extra memory backward needs.
-            lse = torch.logsumexp(logits, dim=-1, keepdim=True)
-            g = (grad_out[start:end] * inv_temp[start:end])[:, None]
-            dlogits = logits.sub_(lse).exp_().mul_(-g)
-            dlogits.scatter_add_(1, targets[start:end, None], g)
-            dlogits = dlogits.to(dtype)  # once, for both products below (a no-op in fp32)
+            temp = None if inv_temp is None else inv_temp[start:end]
+            logits = _mm(h[start:end], w.t(), dtype)  # recomputed: storing [n, vocab] would cost far more
+            dlogits = chunk_dlogits(logits, targets[start:end], temp, lse[start:end], grad_out[start:end], dtype)
+            del logits
             if grad_h is not None:
                 grad_h[start:end] = _mm(dlogits, w, dtype).to(dtype)
-            grad_w += _mm(dlogits.t(), h[start:end], dtype)
-        return grad_h, grad_w.to(weight.dtype), None, None, None
+            if grad_w is not None:
+                _add_mm_(grad_w, dlogits.t(), h[start:end], dtype)
+        if ctx.weight_grad is not None or grad_w is None:
+            return grad_h, None, None, None, None, None
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None
+
+
+def flat_token_logprobs(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    inv_temperature: torch.Tensor | None = None,
+    chunk_size: int = DEFAULT_CHUNK,
+    weight_grad: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """log softmax(h·Wᵀ / T)[target] for N positions: hidden [N, H], targets [N], inv_temperature [N] or None.
+
+    `weight_grad`: an fp32 [V, H] buffer that backward adds the head's gradient into (autograd then gets none
+    for `weight`); None: the gradient goes to `weight.grad` the usual way."""
+    inv = None if inv_temperature is None else inv_temperature.to(torch.float32).contiguous()
+    return _ChunkedLogprob.apply(hidden, weight, targets.long(), inv, chunk_size, weight_grad)
 
 
 def token_logprobs(
@@ -92,13 +176,11 @@ def token_logprobs(
     """
     lead = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])
-    t = targets.reshape(-1).long()
-    if temperature is None:
-        inv = torch.ones(t.shape[0], dtype=torch.float32, device=h.device)
-    else:
+    inv = None
+    if temperature is not None:
         per_row = 1.0 / temperature.to(torch.float32).clamp_min(1e-6)
-        inv = per_row.reshape(-1, *([1] * (len(lead) - 1))).expand(lead).reshape(-1).contiguous()
-    return _ChunkedLogprob.apply(h, weight, t, inv, chunk_size).reshape(lead)
+        inv = per_row.reshape(-1, *([1] * (len(lead) - 1))).expand(lead).reshape(-1)
+    return flat_token_logprobs(h, weight, targets.reshape(-1), inv, chunk_size).reshape(lead)
 
 
 def naive_token_logprobs(hidden, weight, targets, temperature=None):

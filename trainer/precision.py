@@ -15,6 +15,7 @@ Where it sits: `GRPOTrainer` builds one `Precision` and calls `after_backward()`
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Literal
 
 __all__ = ["Precision", "DTYPES", "Dtype"]
@@ -29,14 +30,20 @@ class Precision:
 
         self.dtype = dtype
         self.params = [p for p in model.parameters() if p.requires_grad]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         fused = device.startswith("cuda")
         if dtype == "bf16-pure":
             self.master = [p.detach().float().clone() for p in self.params]
             for m in self.master:
                 m.grad = torch.zeros_like(m)
-            # parameters only: buffers such as RoPE's inv_freq stay fp32 (in bf16, positions would drift)
-            for p in self.params:
+            # parameters only: buffers such as RoPE's inv_freq stay fp32 (in bf16, positions would drift);
+            # frozen ones too (a LoRA run's base weights): they never update, so bf16 only halves their memory
+            for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)
+            # each bf16 gradient goes into its fp32 accumulator the moment backward finishes it, so the model
+            # never holds a full set of bf16 gradients (1 GB on a 0.5B model) next to the fp32 ones
+            for p, m in zip(self.params, self.master, strict=True):
+                p.register_post_accumulate_grad_hook(functools.partial(_move_grad, m))
             optimized = self.master
         else:
             self.master = None
@@ -59,7 +66,7 @@ class Precision:
         return contextlib.nullcontext()
 
     def after_backward(self) -> None:
-        """bf16-pure: move this micro-batch's bf16 gradients into the fp32 accumulators."""
+        """bf16-pure: move any bf16 gradient the hooks did not take into the fp32 accumulators."""
         if self.master is None:
             return
         for m, p in zip(self.master, self.params, strict=True):
@@ -83,6 +90,20 @@ class Precision:
             self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
 
+    def grad_sink(self, param: Any) -> Any:
+        """An fp32 buffer that `param`'s gradient may be added into directly (the LM head uses it: no [V, H]
+        temporary); None if `param` is not trained. bf16-pure: its master's accumulator; else its own .grad."""
+        import torch
+
+        if not param.requires_grad:
+            return None
+        if self.master is not None:
+            index = self._index.get(id(param))
+            return None if index is None else self.master[index].grad
+        if param.grad is None:
+            param.grad = torch.zeros_like(param, dtype=torch.float32)
+        return param.grad if param.grad.dtype == torch.float32 else None
+
     def sync_from_model(self) -> None:
         """After weights were loaded into the model (resume): refresh the fp32 master from them."""
         if self.master is None:
@@ -92,3 +113,9 @@ class Precision:
         with torch.no_grad():
             for m, p in zip(self.master, self.params, strict=True):
                 m.copy_(p)
+
+
+def _move_grad(master: Any, param: Any) -> None:
+    if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
+        master.grad.add_(param.grad)
+        param.grad = None

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from atropos_cli.config import config_diff
 from atropos_cli.errors import ConfigError, OutputExistsError
 
+from . import lora
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .grpo import GRPOConfig, GRPOTrainer, train
 from .metrics import MetricsSink
@@ -39,6 +40,7 @@ _RESUMABLE = {
     "run.wait_timeout",
     "run.resume",
     "run.overwrite",
+    "run.vllm_sync",
 }
 
 
@@ -58,6 +60,7 @@ class RunOptions(BaseModel):
     vllm_port: int = 9001
     vllm_timeout: float = 300.0
     vllm_args: list[str] = Field(default_factory=list)
+    vllm_sync: Literal["reload", "restart", "auto"] = "auto"  # auto: reload in place when vLLM allows it
     groups_per_step: int = Field(32, ge=1)  # 32 groups x 8: a steady gradient (measured on arithmetic)
     epochs: int = Field(1, ge=1)
     api_batch_size: int = Field(64, ge=1)
@@ -100,7 +103,13 @@ def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
     saved.write_text(json.dumps(current, indent=2))
 
 
-def _source(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, stack: ExitStack):
+def _source(
+    opts: RunOptions,
+    config: GRPOConfig,
+    trainer: GRPOTrainer,
+    stack: ExitStack,
+    on_event: Callable[[str], None] = lambda _: None,
+):
     """(batch iterator, after-step sync, rollouts or None) for the chosen mode."""
     from .sources import api_batches, file_batches
     from .sync import CheckpointSync, LocalSync
@@ -120,11 +129,7 @@ def _source(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, stack: E
     if opts.inference == "local":
         server = {"server_type": "local", "model_name": config.model}
     elif opts.inference == "vllm":
-        from .vllm import VLLMServer, VLLMSync
-
-        vllm = stack.enter_context(
-            VLLMServer(config.model, opts.vllm_python, opts.vllm_port, opts.vllm_timeout, out, opts.vllm_args)
-        )
+        vllm = stack.enter_context(_vllm_server(opts, config, trainer, out))
         server = {
             "server_type": "vllm",
             "base_url": vllm.base_url,
@@ -139,10 +144,34 @@ def _source(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, stack: E
         sync = LocalSync(rollouts.backend)
         sync(trainer)  # a resumed trainer's weights go to the engine before the first rollout
     elif opts.inference == "vllm":
-        sync = VLLMSync(vllm, out, opts.sync_every)
+        from .vllm import VLLMSync
+
+        sync = VLLMSync(vllm, out, opts.sync_every, opts.vllm_sync)
+        on_event(sync.describe())
     else:
         sync = CheckpointSync(out, opts.sync_every, rollouts.run_config.openai[0].base_url or None)
     return rollouts.batches(opts.groups_per_step), sync, rollouts
+
+
+def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out: Path) -> Any:
+    """The vLLM server to launch: on the resumed checkpoint if any; with LoRA, the base + the step's adapter."""
+    from .vllm import VLLMServer
+
+    model = str(latest_checkpoint(out)) if trainer.step_count and latest_checkpoint(out) else config.model
+    adapter = None
+    if getattr(trainer, "is_lora", False):  # the base stays config.model; the adapter carries the training
+        model = config.model
+        adapter = trainer.save_adapter(out / "adapters" / f"step-{trainer.step_count}")
+    return VLLMServer(
+        model,
+        opts.vllm_python,
+        opts.vllm_port,
+        opts.vllm_timeout,
+        out,
+        opts.vllm_args,
+        lora_adapter=adapter,
+        lora_rank=getattr(config, "lora_r", 0) or 16,
+    )
 
 
 def run_training(
@@ -154,6 +183,8 @@ def run_training(
     out = Path(config.out)
     _prepare_out(out, opts, config)
     trainer = GRPOTrainer(config)
+    if trainer.is_lora:
+        on_event(lora.describe(trainer.model))
     if opts.resume and (checkpoint := trainer.resume(out)) is not None:
         on_event(f"resumed from {checkpoint} (step {trainer.step_count})")
     rewards: list[float] = []
@@ -168,7 +199,7 @@ def run_training(
     with ExitStack() as stack:
         sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
-        batches, sync, rollouts = _source(opts, config, trainer, stack)
+        batches, sync, rollouts = _source(opts, config, trainer, stack, on_event)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:

@@ -3,12 +3,13 @@
 Where it sits: `grpo.train(..., after_step=sync)` calls one of these after every optimizer step, before the
 next batch is pulled. Each returns a small dict of metrics (merged into the step's metrics).
 
-- `LocalSync` (`--inference local`): copies the trainer's fp32 master weights in place into the in-process
-  engine's model (`LocalBackend.model`), every step; the next groups are sampled from exactly the weights
-  just trained: on-policy, no files, no restart.
+- `LocalSync` (`--inference local`): copies the trainer's fp32 master weights (a LoRA run: the merged ones) in
+  place into the in-process engine's model (`LocalBackend.model`), every step; the next groups are sampled
+  from exactly the weights just trained: on-policy, no files, no restart.
 - `CheckpointSync` (`--inference external`): every `every` steps writes OUT/checkpoints/step-N for a server
   the user runs; if that server has `POST /reload_weights` (`atropos inference` does), it is asked to load it.
-- `VLLMSync` (`--inference vllm`, in vllm.py): restart-from-checkpoint every k steps.
+- `VLLMSync` (`--inference vllm`, in vllm.py): in-place reload through vLLM's endpoints, adapter swap (LoRA)
+  or restart from the checkpoint, every k steps.
 """
 
 from __future__ import annotations
@@ -19,14 +20,20 @@ from typing import Any
 
 from atropos_cli.errors import AtroposError
 
+from .lora import is_lora_model, iter_merged, merged_keys
+
 __all__ = ["LocalSync", "CheckpointSync", "copy_weights"]
 
 
 def copy_weights(source: Any, target: Any) -> int:
-    """Copy every parameter and buffer of `source` into `target` in place (dtype/device converted)."""
+    """Copy every parameter and buffer of `source` into `target` in place (dtype/device converted).
+
+    A LoRA `source` (a peft model) gives its merged weights under the plain key names, so `target` stays a
+    plain transformers model that samples exactly what the trained policy computes."""
     import torch
 
-    src = source.state_dict()
+    lora = is_lora_model(source)
+    src = set(merged_keys(source)) if lora else source.state_dict()
     dst = target.state_dict()
     missing = [k for k in dst if k not in src]
     if missing:
@@ -34,9 +41,12 @@ def copy_weights(source: Any, target: Any) -> int:
             f"inference model has {len(missing)} tensors the trainer lacks, e.g. {missing[0]!r}",
             hint="train and serve the same model (same --model)",
         )
+    # a LoRA source merges one weight at a time: no second full copy of the model exists during the sync
+    tensors = iter_merged(source, fp32=True) if lora else source.state_dict().items()
     with torch.no_grad():
-        for key, tensor in dst.items():
-            tensor.copy_(src[key])
+        for key, tensor in tensors:
+            if key in dst:
+                dst[key].copy_(tensor)
     return len(dst)
 
 

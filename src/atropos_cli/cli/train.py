@@ -104,7 +104,7 @@ def train_command(
     warmup_steps: Annotated[int, typer.Option(min=0, help="Linear learning-rate warm-up steps.")] = 0,
     groups_per_step: Annotated[int, typer.Option(min=1, help="Groups per optimizer step (env/files).")] = 32,
     batch_size: Annotated[int, typer.Option(min=1, help="Sequences per step when behind an API.")] = 64,
-    micro_batch_tokens: Annotated[int, typer.Option(min=16, help="Padded tokens per micro-batch.")] = 8192,
+    micro_batch_tokens: Annotated[int, typer.Option(min=16, help="Model tokens per micro-batch.")] = 8192,
     max_len: Annotated[int, typer.Option(min=2, help="Longer rollouts are truncated (and counted).")] = 2048,
     kl_beta: Annotated[float | None, typer.Option(help="KL-to-reference weight β (0 = no reference).")] = None,
     kl_estimator: Annotated[str | None, typer.Option(help="KL estimator: k1 or k3.")] = None,
@@ -120,11 +120,30 @@ def train_command(
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model body (GPU).")] = False,
     gradient_checkpointing: Annotated[bool, typer.Option(help="Recompute activations: less memory.")] = False,
+    pack: Annotated[
+        bool, typer.Option("--pack", help="Pack samples end to end, no padding (CUDA: flex attention).")
+    ] = False,
+    activation_memory_budget: Annotated[
+        float | None, typer.Option(help="With --compile: fraction of activations kept (0-1]; the rest recomputed.")
+    ] = None,
+    lora_r: Annotated[int, typer.Option(help="LoRA rank (peft): 0 trains every weight, >0 only adapters.")] = 0,
+    lora_alpha: Annotated[
+        int | None, typer.Option(help="LoRA alpha: the update is scaled by alpha/r (default 2r).")
+    ] = None,
+    lora_dropout: Annotated[float, typer.Option(help="Dropout on the LoRA branch's input.")] = 0.0,
+    lora_target_modules: Annotated[
+        str, typer.Option(help="Modules that get adapters: all-linear (all but the LM head) or 'q_proj,v_proj'.")
+    ] = "all-linear",
     save_every: Annotated[int, typer.Option(min=0, help="Checkpoint every N steps (0: only at the end).")] = 50,
     sync_every: Annotated[int, typer.Option(min=1, help="vllm/external: sync every N steps.")] = 1,
     vllm_python: Annotated[str | None, typer.Option(help="Python of the venv that has vLLM.")] = None,
-    vllm_timeout: Annotated[float, typer.Option(help="Seconds to wait for vLLM to become healthy.")] = 300.0,
+    vllm_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for vLLM to start, and for each weight-sync call.")
+    ] = 300.0,
     vllm_args: Annotated[str, typer.Option(help="Extra vLLM server flags, e.g. '--gpu-memory-utilization 0.5'.")] = "",
+    vllm_sync: Annotated[
+        str, typer.Option(help="vllm: reload (weights in place, no restart), restart, or auto (reload if possible).")
+    ] = "auto",
     epochs: Annotated[int, typer.Option(min=1, help="Passes over --data.")] = 1,
     wait_timeout: Annotated[float, typer.Option(help="Seconds to wait for a batch from --api-url.")] = 600.0,
     seed: Annotated[int, typer.Option(help="Seed of the trainer (and of data order).")] = 0,
@@ -141,6 +160,10 @@ def train_command(
     flags go to the env and its servers: --env.group_size 16, --openai.base_url URL (with --inference external).
     """
     with cli_errors():
+        if sft and lora_r:
+            raise fail(
+                "--lora-r is for GRPO runs: --sft trains the full model", hint="drop --lora-r with --sft", code=2
+            )
         if sft:
             _run_sft(sft, model, out or Path("runs/sft"), overwrite, lr, steps, seed)
             return
@@ -168,6 +191,12 @@ def train_command(
             device=device,
             compile=compile,
             gradient_checkpointing=gradient_checkpointing,
+            pack=pack,
+            activation_memory_budget=activation_memory_budget,
+            lora_r=lora_r,
+            lora_alpha=lora_alpha,
+            lora_dropout=lora_dropout,
+            lora_target_modules=lora_target_modules,
             save_every=save_every,
             seed=seed,
         )
@@ -182,6 +211,7 @@ def train_command(
             vllm_python=vllm_python,
             vllm_timeout=vllm_timeout,
             vllm_args=shlex.split(vllm_args),
+            vllm_sync=vllm_sync,
             groups_per_step=groups_per_step,
             epochs=epochs,
             api_batch_size=batch_size,
@@ -214,6 +244,7 @@ def _grpo_config(**values: Any) -> Any:
 
     grpo = _validated(GRPOConfig, values)
     grpo.loss_config()  # an unknown --loss fails here, before any model loads
+    grpo.check_lora()  # and so do bad --lora-* values
     return grpo
 
 
