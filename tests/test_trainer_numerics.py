@@ -164,3 +164,13 @@ def test_fused_and_eager_chunk_gradients_agree():
         eager = _chunk_dlogits(logits.clone(), targets, inv_temp, lse, grad, torch.float32)
         fused = _chunk_dlogits_fused(logits.clone(), targets, inv_temp, lse, grad, torch.float32)
         assert torch.allclose(eager, fused, atol=1e-6)
+
+
+def test_dtype_auto_is_fp32_on_cpu_and_bf16_pure_on_cuda():
+    from atropos_trainer.grpo import resolve_dtype
+
+    assert GRPOConfig().dtype == "auto"
+    assert resolve_dtype("auto", "cpu") == "fp32" and resolve_dtype("auto", "cuda:1") == "bf16-pure"
+    assert resolve_dtype("bf16", "cuda") == "bf16"
+    trainer = GRPOTrainer(GRPOConfig(out="unused"), model=tiny_llama())
+    assert trainer.precision.dtype == "fp32" and next(trainer.model.parameters()).dtype == torch.float32

@@ -70,7 +70,7 @@ class GRPOConfig(BaseModel):
     keep_checkpoints: int = Field(2, ge=0)
     seed: int = 0
     device: str = "auto"
-    dtype: Dtype = "fp32"
+    dtype: Dtype | Literal["auto"] = "auto"  # auto: bf16-pure on CUDA, fp32 on CPU
     gradient_checkpointing: bool = False
     compile: bool = False  # torch.compile each transformer layer (CUDA only)
     chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
@@ -102,6 +102,14 @@ def resolve_device(name: str) -> str:
     if name != "auto":
         return name
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def resolve_dtype(name: str, device: str) -> Dtype:
+    """ "auto": bf16 weights with an fp32 master on CUDA (fast, loses no update), plain fp32 on CPU (where bf16
+    matrix products are slow)."""
+    if name != "auto":
+        return name  # type: ignore[return-value]
+    return "bf16-pure" if device.startswith("cuda") else "fp32"
 
 
 def load_policy(name: str, device: str) -> tuple[Any, Any]:
@@ -196,7 +204,8 @@ class GRPOTrainer:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
         elif self.loss_cfg.kl_beta > 0:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
-        self.precision = Precision(self.model, config.dtype, self.device, config.lr, config.betas, config.weight_decay)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.precision = Precision(self.model, self.dtype, self.device, config.lr, config.betas, config.weight_decay)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
 

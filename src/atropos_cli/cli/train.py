@@ -115,8 +115,12 @@ def train_command(
     clip_low: Annotated[float | None, typer.Option(help="ε_low of the ratio clip.")] = None,
     clip_high: Annotated[float | None, typer.Option(help="ε_high of the ratio clip (clip-higher).")] = None,
     dtype: Annotated[
-        str, typer.Option(help="fp32, bf16 (autocast on fp32 weights) or bf16-pure (bf16 weights + fp32 master).")
-    ] = "fp32",
+        str,
+        typer.Option(
+            help="auto (bf16-pure on CUDA, fp32 on CPU), fp32, bf16 (autocast on fp32 weights) or bf16-pure "
+            "(bf16 weights + fp32 master)."
+        ),
+    ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
     compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model body (GPU).")] = False,
     gradient_checkpointing: Annotated[bool, typer.Option(help="Recompute activations: less memory.")] = False,
