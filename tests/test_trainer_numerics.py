@@ -14,7 +14,7 @@ from atropos_cli.types import ScoredGroup  # noqa: E402
 import_bundled_package("trainer", "atropos_trainer")
 from atropos_trainer.batching import group_advantages, micro_batches, prepare  # noqa: E402
 from atropos_trainer.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from atropos_trainer.logprobs import naive_token_logprobs, token_logprobs  # noqa: E402
+from atropos_trainer.logprobs import flat_token_logprobs, naive_token_logprobs  # noqa: E402
 
 from tiny_models import tiny_causal_lm  # noqa: E402
 
@@ -43,7 +43,9 @@ def test_chunked_logprobs_match_full_logits_values_and_gradients():
     temps = torch.tensor([1.0, 0.7, 1.3])
     upstream = torch.randn(3, 7)
 
-    ours = token_logprobs(hidden, weight, targets, temps, chunk_size=5)  # 21 tokens: 5 chunks, last one short
+    inv_temps = (1.0 / temps)[:, None].expand(3, 7).reshape(-1)
+    flat = flat_token_logprobs(hidden.reshape(-1, 16), weight, targets.reshape(-1), inv_temps, chunk_size=5)
+    ours = flat.reshape(3, 7)  # 21 tokens: 5 chunks, the last one short
     (ours * upstream).sum().backward()
     g_h, g_w = hidden.grad.clone(), weight.grad.clone()
     hidden.grad, weight.grad = None, None

@@ -3,11 +3,13 @@
 The algorithm, top to bottom (`GRPOTrainer.step`):
 1. groups -> samples: group-relative advantages (score - mean) / std, overrides applied, DAPO's dynamic
    sampling drops groups without reward spread (`batching.prepare`);
-2. samples -> micro-batches of similar length under a token budget (`batching.micro_batches`);
-3. for each micro-batch: the transformer body gives hidden states (bf16 autocast on GPU if asked, fp32 on
-   CPU); per-token log-probs in fp32, chunked so no [B, T, vocab] logits exist (`logprobs.token_logprobs`), at
-   each rollout's sampling temperature; the policy loss (`losses.policy_loss`) is this micro-batch's exact
-   share of the step loss, so accumulating gradients is the same as one big batch; backward;
+2. samples -> micro-batches under a token budget: similar lengths padded together, or (`--pack`) laid end to
+   end with no padding (`batching.micro_batches`);
+3. for each micro-batch: the transformer body gives hidden states (bf16 on GPU, fp32 on CPU); only trained
+   positions go on to the LM head, whose per-token log-probs are fp32 and chunked so no [B, T, vocab] logits
+   exist (`logprobs.flat_token_logprobs`), at each rollout's sampling temperature; the policy loss
+   (`losses.policy_loss`) is this micro-batch's exact share of the step loss, so accumulating gradients is the
+   same as one big batch; backward;
 4. clip the gradient norm, AdamW step on fp32 master weights (a 1e-6 update is never rounded away, unlike
    bf16 weights; `precision.py` keeps the master copy when the model itself computes in bf16), zero the grads;
 5. one host sync to read the step's metrics.

@@ -1,15 +1,17 @@
 """Per-token log-probs in fp32 without ever holding a [batch, tokens, vocab] logits tensor.
 
-Where it sits: `grpo.py` runs the transformer body (everything but the LM head) to get hidden states
-h [B, T, H], then calls `token_logprobs(h, lm_head_weight, targets, temperature)` here.
+Where it sits: `grpo.py` runs the transformer body (everything but the LM head) to get hidden states, keeps the
+trained positions only (h [N, H]; prompt positions never need logits) and calls
+`flat_token_logprobs(h, lm_head_weight, targets, inv_temperature)` here.
 
-How: a custom autograd function walks the flattened tokens in chunks of `chunk_size`. For each chunk it
-computes logits = h·Wᵀ with fp32 accumulation, divides by the rollout's sampling temperature, takes an fp32
-log-softmax and keeps only the target token's log-prob. Backward recomputes each chunk's logits (cheap
-compared to storing them) and forms the gradient in closed form:
+How: a custom autograd function walks the N positions in chunks of `chunk_size`. For each chunk it computes
+logits = h·Wᵀ with fp32 accumulation, scales by the rollout's 1/temperature, takes an fp32 log-softmax and keeps
+only the target token's log-prob (and the logsumexp, for backward). Backward recomputes each chunk's logits
+(cheap compared to storing them) and forms the gradient in closed form:
 d logp / d logits = onehot(target) - softmax(logits), so grad_h = g·(onehot - p)·W and
-grad_W = Σ (g·(onehot - p))ᵀ·h. Peak extra memory is one chunk of logits, [chunk, vocab] fp32, instead of
-[B·T, vocab] twice (bf16 logits + fp32 log-softmax) in a naive implementation.
+grad_W = Σ (g·(onehot - p))ᵀ·h, added in fp32 straight into the caller's gradient buffer when it gives one.
+Peak extra memory is one chunk of logits, [chunk, vocab] fp32, instead of [B·T, vocab] twice (bf16 logits +
+fp32 log-softmax) in a naive implementation. On CUDA the per-chunk elementwise work is fused by torch.compile.
 
 Why fp32: a log-softmax of bf16 logits carries a few percent of gradient error (the issue measured 4.2% for
 Atropos' trainer); here only the matmul inputs are bf16 (when the model computes in bf16), the logits and
@@ -20,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["token_logprobs", "flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
+__all__ = ["flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
 
 MIXED_MM = True  # becomes False once torch.mm(..., out_dtype=float32) is found unsupported
 DEFAULT_CHUNK = 1024  # tokens per chunk: 1024 x 152k vocab x 4 bytes = 0.6 GB of fp32 logits
@@ -160,27 +162,6 @@ def flat_token_logprobs(
     for `weight`); None: the gradient goes to `weight.grad` the usual way."""
     inv = None if inv_temperature is None else inv_temperature.to(torch.float32).contiguous()
     return _ChunkedLogprob.apply(hidden, weight, targets.long(), inv, chunk_size, weight_grad)
-
-
-def token_logprobs(
-    hidden: torch.Tensor,
-    weight: torch.Tensor,
-    targets: torch.Tensor,
-    temperature: torch.Tensor | None = None,
-    chunk_size: int = DEFAULT_CHUNK,
-) -> torch.Tensor:
-    """log softmax(h·Wᵀ / T)[target] per position, fp32, shape of `targets`.
-
-    hidden [..., H]; weight [V, H] (the LM head); targets [...] int64 (masked positions may hold any valid id);
-    temperature: one per row of targets' leading dim ([B]) or None for 1.0.
-    """
-    lead = targets.shape
-    h = hidden.reshape(-1, hidden.shape[-1])
-    inv = None
-    if temperature is not None:
-        per_row = 1.0 / temperature.to(torch.float32).clamp_min(1e-6)
-        inv = per_row.reshape(-1, *([1] * (len(lead) - 1))).expand(lead).reshape(-1)
-    return flat_token_logprobs(h, weight, targets.reshape(-1), inv, chunk_size).reshape(lead)
 
 
 def naive_token_logprobs(hidden, weight, targets, temperature=None):
