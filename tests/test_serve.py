@@ -223,3 +223,61 @@ def test_cli_ctrl_c_exits_130_with_a_summary(tmp_path: Path) -> None:
         assert proc.returncode == 130, err
         assert "interrupted: sent" in out
         assert "finished groups were sent or spilled" in err
+
+
+def _register_trainer(url: str, checkpoint_dir: Path, starting_step: int, interval: int = 1) -> None:
+    reg = {
+        "wandb_group": "g", "wandb_project": "p", "batch_size": 2, "max_token_len": 64,
+        "checkpoint_dir": str(checkpoint_dir), "save_checkpoint_interval": interval,
+        "starting_step": starting_step, "num_steps": 1000,
+    }  # fmt: skip
+    httpx.post(url + "/register", json=reg).raise_for_status()
+    httpx.get(url + "/batch").raise_for_status()
+
+
+def _options(url: str, tmp_path: Path) -> ServeOptions:
+    return ServeOptions(api_url=url, poll_s=0.02, spill_path=str(tmp_path / "s.jsonl"), max_api_wait_s=10)
+
+
+def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "8")
+    monkeypatch.setenv("SERVE_TEST_DELAY", "0.1")  # one rollout at a time, slow enough for steps to pass
+    monkeypatch.setenv("SERVE_TEST_CHECKPOINT", "1")
+    checkpoints = tmp_path / "ckpt"
+    env_file = ENV_FILE
+    flags = ["--openai.base_url", NO_SERVER, "--env.group_size", "2", "--env.max_batches_offpolicy", "0"]
+    flags += ["--env.max_num_workers", "1"]
+    with running_api() as url:
+        _register_trainer(url, checkpoints, starting_step=0)
+        pulled: list[int] = []
+        stop = threading.Event()
+
+        def trainer() -> None:  # each non-empty batch advances the API's step
+            while not stop.is_set():
+                pulled.extend(g["tokens"][0][0] for g in httpx.get(url + "/batch").json()["batch"] or [])
+                time.sleep(0.05)
+
+        thread = threading.Thread(target=trainer, daemon=True)
+        thread.start()
+        stats = asyncio.run(serve_env(load_env(env_file, flags, None), _options(url, tmp_path)))
+        stop.set()
+        thread.join(5)
+    saved = sorted((checkpoints / "env_checkpoints" / "counting_0").glob("step-*.json"))
+    assert stats.groups_sent == 8 and saved, stats.events
+    assert all(0 < json.loads(p.read_text())["next_index"] <= 8 for p in saved)
+
+    # a later run that starts at step 3 picks the stream up where step 3's checkpoint left it
+    (checkpoints / "env_checkpoints" / "counting_0" / "step-3.json").write_text(json.dumps({"next_index": 5}))
+    with running_api() as url:
+        _register_trainer(url, checkpoints, starting_step=3)
+        stats = asyncio.run(serve_env(load_env(env_file, flags, None), _options(url, tmp_path)))
+        assert stats.groups_sent == 3 and any("env state of step 3 loaded" in e for e in stats.events)
+        assert sorted(pull_all(url)) == [5, 6, 7]
+
+    (checkpoints / "env_checkpoints" / "counting_0" / "step-3.json").write_text("{not json")
+    with running_api() as url:
+        _register_trainer(url, checkpoints, starting_step=3)
+        with pytest.raises(AtroposError, match="is not valid JSON"):
+            asyncio.run(serve_env(load_env(env_file, flags, None), _options(url, tmp_path)))

@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import random
 import time
 import traceback
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
+from atropos_cli.errors import ConfigError
 from atropos_cli.inference.base import Generation, SamplingParams, ServerConfig
 from atropos_cli.tokens import build_rollout_tokens
 from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup
@@ -76,6 +79,11 @@ class BaseEnv:
     version: ClassVar[str] = "0"
     description: ClassVar[str] = ""
     env_config_cls: ClassVar[type[EnvConfig]] = EnvConfig
+    # Set by `atropos serve` from the trajectory API's registration answer (Atropos' names): the trainer's
+    # checkpoint directory, this env's unique name under it, and the current trainer step.
+    checkpoint_dir: str | None = None
+    wandb_prepend: str | None = None
+    curr_step: int = 0
 
     def __init__(self, config: EnvConfig, server: Any, tokenizer: Any | None = None) -> None:
         self.config = config
@@ -148,6 +156,41 @@ class BaseEnv:
 
     async def evaluate(self, *args: Any, **kwargs: Any) -> dict[str, float] | None:
         return None
+
+    # ---- env checkpoints (Atropos' hooks; `atropos serve` calls them every `checkpoint_interval` steps) --------
+    def save_checkpoint(self, step: int, data: dict[str, Any] | None = None) -> None:
+        """Persist `data` (JSON) as this env's state at trainer step `step`. The base env has no state of its
+        own, so it writes nothing without `data`; an env with state overrides this and calls
+        `super().save_checkpoint(step, {"iter": self.iter})`. Written atomically (temp file, then rename)."""
+        path = self._checkpoint_path(step)
+        if data is None or path is None:
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        tmp.replace(path)
+
+    def load_checkpoint(self) -> None:
+        """Restore the state saved for `curr_step` (each key becomes an attribute); nothing if none was saved."""
+        path = self._checkpoint_path(self.curr_step)
+        if path is None or not path.is_file():
+            return
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"env checkpoint {str(path)!r} is not valid JSON: {exc}", hint="delete it to start fresh"
+            ) from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"env checkpoint {str(path)!r} is not a JSON object", hint="delete it to start fresh")
+        for key, value in data.items():
+            setattr(self, key, value)
+
+    def _checkpoint_path(self, step: int) -> Path | None:
+        if not self.checkpoint_dir:
+            return None
+        folder = Path(self.checkpoint_dir) / "env_checkpoints" / (self.wandb_prepend or self.name)
+        return folder / f"step-{step}.json"
 
     async def cleanup(self) -> None:
         """Called after every group."""

@@ -3,8 +3,10 @@
 Flow (spec §2.5, with the fixes of issue 5): `setup()` -> `POST /register-env` until the trainer started ->
 `GET /info` (adopt batch size / max length) -> loop: `GET /status-env`, start workers (`collect_group`, up
 to `max_num_workers`) unless the off-policy bound is reached, run `evaluate()` every `steps_per_eval` API
-steps. Finished groups go to an outbox drained by one sender task that posts them (`ApiClient` retries while
-the API is down and backs off on 503), so a slow or full API slows rollouts down instead of losing them.
+steps and `env.save_checkpoint(step)` every `checkpoint_interval` steps (a run that starts at a later step
+restores it at registration). Finished groups go to an outbox drained by one sender task that posts them
+(`ApiClient` retries while the API is down and backs off on 503), so a slow or full API slows rollouts down
+instead of losing them.
 
 Differences from Atropos, on purpose: the off-policy bound *pauses* new rollouts and never cancels in-flight
 ones (no wasted inference); on Ctrl-C, rollouts in flight are cancelled but every finished group is either
@@ -87,6 +89,7 @@ class _Server:
         self.batch_size = self.cfg.batch_size
         self.max_token_len = self.cfg.max_token_length
         self.writer: Any = None
+        self.checkpoint_interval = 0  # from the API's registration answer
         self.client = ApiClient(
             options.api_url, options.api_key, max_wait_s=options.max_api_wait_s, on_retry=self._on_retry
         )
@@ -116,6 +119,7 @@ class _Server:
         answer = await self.client.register_env(reg, self.options.register_poll_s, self._on_wait)
         self.stats.env_id, self.stats.wandb_name = answer["env_id"], answer.get("wandb_name")
         self.stats.step = int(answer.get("starting_step") or 0)
+        self._adopt_checkpoints(answer)
         info = await self.client.info()
         if info.get("batch_size", -1) != -1:
             self.batch_size = int(info["batch_size"])
@@ -127,6 +131,18 @@ class _Server:
                 hint="lower --env.group_size",
             )
         self.event(f"registered as env {self.stats.env_id} ({self.stats.wandb_name}); batch_size {self.batch_size}")
+
+    def _adopt_checkpoints(self, answer: dict[str, Any]) -> None:
+        """Atropos' env checkpoints: the API names the directory and interval; a run that resumes at a later
+        step restores the env's state saved for that step (`BaseEnv.load_checkpoint`)."""
+        env = self.env
+        env.checkpoint_dir = answer.get("checkpoint_dir") or None
+        env.wandb_prepend = self.stats.wandb_name
+        env.curr_step = self.stats.step
+        self.checkpoint_interval = int(answer.get("checkpoint_interval") or 0)
+        if self.stats.step > 0 and env.checkpoint_dir:
+            env.load_checkpoint()
+            self.event(f"env state of step {self.stats.step} loaded from {env.checkpoint_dir}/env_checkpoints")
 
     def _on_wait(self, status: str) -> None:
         self.event(f"waiting for the trainer: {status}")
@@ -225,6 +241,13 @@ class _Server:
 
     def _step_checks(self, step: int, eval_task: asyncio.Task[None] | None) -> asyncio.Task[None] | None:
         old, self.stats.step = self.stats.step, step
+        interval = self.checkpoint_interval
+        if interval > 0 and step // interval > old // interval:
+            try:
+                self.env.save_checkpoint(step // interval * interval)
+            except OSError as exc:  # a full or read-only disk costs this checkpoint, not the rollouts
+                self.event(f"could not save the env checkpoint of step {step}: {exc}")
+        self.env.curr_step = step
         every = self.cfg.steps_per_eval
         crossed = every > 0 and step // every > old // every
         if crossed and (eval_task is None or eval_task.done()):

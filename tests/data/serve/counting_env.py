@@ -1,7 +1,8 @@
 """A tiny env for `atropos serve` tests: groups with token ids, no inference server needed.
 
 Items are 0, 1, 2, ... up to `total_items` (env var SERVE_TEST_ITEMS, default unbounded); each rollout
-sleeps `SERVE_TEST_DELAY` seconds so tests can observe work in flight.
+sleeps `SERVE_TEST_DELAY` seconds so tests can observe work in flight; with `SERVE_TEST_CHECKPOINT` set,
+its env checkpoints hold its position in the item stream.
 """
 
 from __future__ import annotations
@@ -40,3 +41,10 @@ class CountingEnv(BaseEnv):
     async def evaluate(self, *args: object, **kwargs: object) -> dict[str, float]:
         self.evals += 1
         return {"eval/count": float(self.evals)}
+
+
+    def save_checkpoint(self, step: int, data: dict | None = None) -> None:
+        """With SERVE_TEST_CHECKPOINT set, the position in the item stream survives a restart."""
+        if os.environ.get("SERVE_TEST_CHECKPOINT"):
+            data = {"next_index": self.next_index}
+        super().save_checkpoint(step, data)
