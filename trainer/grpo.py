@@ -74,7 +74,7 @@ class GRPOConfig(BaseModel):
     device: str = "auto"
     dtype: Dtype | Literal["auto"] = "auto"  # auto: bf16-pure on CUDA, fp32 on CPU
     gradient_checkpointing: bool = False
-    compile: bool = False  # torch.compile each transformer layer (CUDA only)
+    compile: bool = False  # torch.compile the transformer body (CUDA only; attention.compile_body)
     chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
     # pack samples end to end (no padding) into micro-batches; on CUDA through flex attention (see use_packing)
     pack: bool = False
@@ -206,8 +206,8 @@ class GRPOTrainer:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
         elif self.loss_cfg.kl_beta > 0:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
-        self.dtype = resolve_dtype(config.dtype, self.device)
-        self.precision = Precision(self.model, self.dtype, self.device, config.lr, config.betas, config.weight_decay)
+        dtype = resolve_dtype(config.dtype, self.device)
+        self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
 
