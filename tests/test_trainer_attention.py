@@ -68,3 +68,19 @@ def test_under_compile_tracing_unpadded_rows_keep_the_causal_flash_path():
     torch.compile(model.model, backend=inspect)(input_ids=torch.randint(1, 80, (2, 16)), use_cache=False)
     assert len(seen) == 2  # one per layer
     assert all(mask is None and causal is True for mask, causal in seen)
+
+
+def test_compile_body_compiles_the_whole_body_on_atropos_sdpa_and_layers_otherwise():
+    from atropos_trainer.attention import compile_body
+
+    model = tiny_causal_lm("qwen", 89)  # sdpa: switched to atropos_sdpa, the body compiled whole
+    compile_body(model, model.model)
+    assert model.config._attn_implementation == ATTENTION_NAME
+    assert model.model._compiled_call_impl is not None
+    assert all(layer._compiled_call_impl is None for layer in model.model.layers)
+
+    eager = tiny_causal_lm("qwen", 89)
+    eager.set_attn_implementation("eager")  # not ours to switch: each layer compiled on its own
+    compile_body(eager, eager.model)
+    assert eager.model._compiled_call_impl is None
+    assert all(layer._compiled_call_impl is not None for layer in eager.model.layers)

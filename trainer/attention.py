@@ -1,6 +1,6 @@
 """Compiling the transformer body for training without losing SDPA's causal flash path.
 
-Where it sits: `GRPOTrainer.__init__` calls `compile_body(body)` when `--compile` is on (CUDA).
+Where it sits: `GRPOTrainer.__init__` calls `compile_body(model, body)` when `--compile` is on (CUDA).
 
 Why this module exists: for an unpadded micro-batch transformers normally passes no attention mask, and SDPA runs
 its causal flash kernel. Under torch.compile with torch < 2.14, transformers cannot tell tracing from exporting and
@@ -45,22 +45,20 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, causal_or_sdpa_mask)
 
 
-def compile_body(model: Any, body: Any) -> str:
-    """Compile `body` (the model without its LM head) in place; returns how: "body" or "layers"."""
-    if getattr(model.config, "_attn_implementation", None) == "sdpa":
+def compile_body(model: Any, body: Any) -> None:
+    """Compile `body` (the model without its LM head) in place: whole, or layer by layer as the fallback."""
+    implementation = getattr(model.config, "_attn_implementation", None)
+    if implementation == "sdpa":
         try:
             _register()
             model.set_attn_implementation(ATTENTION_NAME)
         except (ImportError, ValueError, KeyError, AttributeError):
-            return _compile_layers(body)
-    elif getattr(model.config, "_attn_implementation", None) not in (ATTENTION_NAME, "flex_attention"):
-        return _compile_layers(body)
-    body.compile()
-    return "body"
-
-
-def _compile_layers(body: Any) -> str:
+            implementation = None
+        else:
+            implementation = ATTENTION_NAME
+    if implementation in (ATTENTION_NAME, "flex_attention"):
+        body.compile()
+        return
     layers = getattr(body, "layers", None)
     for layer in layers if layers is not None else [body]:
         layer.compile()
-    return "layers"

@@ -243,10 +243,11 @@ class _Server:
         old, self.stats.step = self.stats.step, step
         interval = self.checkpoint_interval
         if interval > 0 and step // interval > old // interval:
+            boundary = step // interval * interval
             try:
-                self.env.save_checkpoint(step // interval * interval)
+                self.env.save_checkpoint(boundary)
             except OSError as exc:  # a full or read-only disk costs this checkpoint, not the rollouts
-                self.event(f"could not save the env checkpoint of step {step}: {exc}")
+                self.event(f"could not save the env checkpoint of step {boundary}: {exc}")
         self.env.curr_step = step
         every = self.cfg.steps_per_eval
         crossed = every > 0 and step // every > old // every
