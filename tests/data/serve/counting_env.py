@@ -42,7 +42,6 @@ class CountingEnv(BaseEnv):
         self.evals += 1
         return {"eval/count": float(self.evals)}
 
-
     def save_checkpoint(self, step: int, data: dict | None = None) -> None:
         """With SERVE_TEST_CHECKPOINT set, the position in the item stream survives a restart."""
         if os.environ.get("SERVE_TEST_CHECKPOINT"):
