@@ -57,8 +57,8 @@ def _records(n_groups: int, size: int):
 
 def build(work: Path, n_groups: int, size: int) -> Path:
     """Write groups.jsonl and groups.parquet for n_groups (kept between runs)."""
+    from atropos_cli.formats.parquet import write_parquet
     from atropos_cli.types import ScoredGroup
-    from atropos_cli.writers.parquet import write_parquet
 
     directory = work / f"groups-{n_groups}x{size}"
     if (directory / "groups.parquet").exists():

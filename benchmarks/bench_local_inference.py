@@ -29,9 +29,10 @@ from pathlib import Path
 
 import httpx
 
-from atropos_cli.inference.base import SamplingParams, ServerConfig
+from atropos_cli.config import ServerConfig
+from atropos_cli.env.registry import resolve_env
+from atropos_cli.inference.base import SamplingParams
 from atropos_cli.inference.local import LocalBackend
-from atropos_cli.registry import resolve_env
 
 # (label, concurrent requests, n per request)
 SHAPES = (("1", 1, 1), ("8", 1, 8), ("32", 4, 8), ("32 (32 requests x n=1)", 32, 1))

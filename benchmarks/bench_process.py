@@ -19,10 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from atropos_cli.envsetup import load_env
-from atropos_cli.rollout import run_groups
+from atropos_cli.env.loading import load_env
+from atropos_cli.formats.jsonl import JsonlWriter
+from atropos_cli.runs.rollout import run_groups
 from atropos_cli.testing import free_port
-from atropos_cli.writers.jsonl import JsonlWriter
 
 
 def start_fake_server(latency: float) -> tuple[subprocess.Popen, str]:

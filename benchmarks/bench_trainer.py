@@ -129,7 +129,7 @@ def time_steps(step, steps: int, warmup: int, device: str) -> float:
 
 
 def bench_ours(args, cfg, state, groups, variant: dict):
-    from atropos_trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
 
     _reset(args.device)
     model = fresh_model(cfg, args.device, state=state)
@@ -228,9 +228,9 @@ def _flat_grad(model) -> torch.Tensor:
 
 def grad_errors(args, cfg, state, groups, mods):
     """Relative L2 error of each path's gradient vs an fp32 reference, on the first group (8 sequences)."""
-    from atropos_trainer.batching import micro_batches, prepare
-    from atropos_trainer.grpo import GRPOConfig, GRPOTrainer
-    from atropos_trainer.logprobs import naive_token_logprobs
+    from atropos_cli.trainer.batching import micro_batches, prepare
+    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.logprobs import naive_token_logprobs
 
     torch.backends.cuda.matmul.allow_tf32 = False
     _reset(args.device)
@@ -306,9 +306,6 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     args = parser.parse_args()
 
-    from atropos_cli.resources import import_bundled_package
-
-    import_bundled_package("trainer", "atropos_trainer")
     cfg = qwen_config(args.tiny)
     state = {k: v.cpu() for k, v in fresh_model(cfg, "cpu").state_dict().items()}
     groups = make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=0)
@@ -356,7 +353,7 @@ def main() -> None:
         except Exception as exc:
             lines.append(f"| Atropos | {setting} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
             print(lines[-1], flush=True)
-    import atropos_trainer.logprobs as lp
+    import atropos_cli.trainer.logprobs as lp
 
     lines.append(f"LM-head matmul: {'bf16 inputs, fp32 output (torch.mm out_dtype)' if lp.MIXED_MM else 'fp32'}")
     lines += ["", "| gradient vs fp32 reference | relative L2 error |", "|---|---|"]

@@ -17,12 +17,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_trainer import fresh_model, make_groups, parse_variant, qwen_config  # noqa: E402
+from bench_trainer import fresh_model, make_groups, parse_variant, qwen_config
 
 
 def profile_step(args, cfg, groups) -> None:
-    from atropos_trainer.grpo import GRPOConfig, GRPOTrainer
     from torch.profiler import ProfilerActivity, profile
+
+    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
 
     v = parse_variant(args.variant)
     model = fresh_model(cfg, "cuda")
@@ -47,7 +48,7 @@ def profile_step(args, cfg, groups) -> None:
 
 
 def lm_head(args, cfg) -> None:
-    import atropos_trainer.logprobs as lp
+    import atropos_cli.trainer.logprobs as lp
 
     n, h, v = args.head_tokens, cfg.hidden_size, cfg.vocab_size
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -116,9 +117,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=1024)
     parser.add_argument("--skip-step", action="store_true")
     args = parser.parse_args()
-    from atropos_cli.resources import import_bundled_package
 
-    import_bundled_package("trainer", "atropos_trainer")
     cfg = qwen_config(False)
     lm_head(args, cfg)
     if not args.skip_step:

@@ -1,1 +1,1 @@
-"""Bundled environments, one module each; imported as the package `atropos_envs` (see atropos_cli.registry)."""
+"""Bundled environments, one module each; imported as the package `atropos_cli.envs` (see atropos_cli.env.registry)."""

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 
 OPERATORS = ("+", "-", "*")
 _INT = re.compile(r"-?\d+")

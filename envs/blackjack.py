@@ -10,7 +10,7 @@ Reward: +1 win, 0 push, -1 loss (bust or forfeit included). Parts: `correct` (1 
 pass@k counts), `invalid` (1 when the hand was forfeited), `turns`.
 
 Messages are kept per turn (system, user observation, assistant move, ...). Tokens: when a tokenizer is
-known, `atropos_cli.multiturn.TokenTrace` builds them turn by turn and the next prompt is sent as token ids
+known, `atropos_cli.env.multiturn.TokenTrace` builds them turn by turn and the next prompt is sent as token ids
 (`server.completion(prompt=ids)`), so the trained tokens are exactly the sampled ones; masks cover only the
 model's turns and logprobs come from the backend. Without a tokenizer the game runs over chat and the group
 has messages and scores only.
@@ -27,9 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import BaseEnv, record_failure
+from atropos_cli.env.base import BaseEnv, record_failure
+from atropos_cli.env.multiturn import TokenTrace
 from atropos_cli.errors import ServerUnreachableError
-from atropos_cli.multiturn import TokenTrace
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
 RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")

@@ -7,7 +7,7 @@ reads any MBPP-style .jsonl/.json/.parquet (columns `text` and `test_list`, opti
 `assert` statement; the prompt shows the first one so the model knows the function's name and signature.
 
 Scoring: the last ```python block of the completion (else the whole completion) runs with the tests in
-`atropos_cli.sandbox` (time limit `--env.timeout_s`, memory limit `--env.memory_mb`, no network, temp dir).
+`atropos_cli.env.sandbox` (time limit `--env.timeout_s`, memory limit `--env.memory_mb`, no network, temp dir).
 Reward = fraction of tests passed; `correct` = 1 only when all pass. A solution that loops forever or
 eats memory is killed at the limit and scores 0 (its `failure` reason is kept in the rollout's reward parts
 as `timeout` / `memory` flags).
@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
-from atropos_cli.resources import bundled_dir
-from atropos_cli.sandbox import SandboxLimits
+from atropos_cli.env.base import SimpleEnv
+from atropos_cli.env.sandbox import SandboxLimits
+from atropos_cli.resources import envs_data_dir
 
 from ._shared.codecheck import check_solution, check_solution_async
 from ._shared.data import check_columns, cycle_shuffled, load_hub_records, load_local_records
@@ -67,7 +67,7 @@ class CodeEnv(SimpleEnv):
             hub_split = "train" if split == "train" else "test"
             rows, source = load_hub_records(config.dataset_name, None, hub_split), config.dataset_name
         else:
-            path = bundled_dir("envs") / "_data" / "code_problems.jsonl"
+            path = envs_data_dir() / "code_problems.jsonl"
             rows, source = load_local_records(path), "the bundled problem set"
         check_columns(rows, REQUIRED_COLUMNS, source)
         return rows

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 
 from ._shared.answers import last_boxed, strip_think
 from ._shared.data import cycle_shuffled, load_split_records

@@ -24,10 +24,9 @@ import time
 from collections.abc import Iterator
 from typing import Any, ClassVar, Literal
 
-from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv, record_failure
-from atropos_cli.inference.base import ServerConfig
-from atropos_cli.resources import bundled_dir
+from atropos_cli.config import EnvConfig, ServerConfig
+from atropos_cli.env.base import SimpleEnv, record_failure
+from atropos_cli.resources import envs_data_dir
 
 from ._shared.data import check_columns, cycle_shuffled, load_local_records
 from ._shared.judging import (
@@ -91,7 +90,7 @@ class JudgeEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: JudgeConfig = self.config  # type: ignore[assignment]
-        path = config.data_path or bundled_dir("envs") / "_data" / "judge_prompts.jsonl"
+        path = config.data_path or envs_data_dir() / "judge_prompts.jsonl"
         rows = load_local_records(path)
         check_columns(rows, ("prompt",), repr(str(path)))
         pairs: Iterator[tuple[int, dict[str, Any]]]

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 
 from ._shared.answers import answer_tag, last_number, strip_think
 from ._shared.words import WORDS

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 from atropos_cli.errors import ConfigError
 
 from ._shared.answers import last_boxed, strip_think

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 
 from ._shared.tools import make_request, parse_call
 

@@ -5,7 +5,7 @@
 Steps: (1) generate arithmetic chats with the bundled env's own problem generator and default operand range (a
 seed stream disjoint from the env's train/eval items), replacing 40% of the answers by a near miss (the right
 answer ± 1..3); (2) train a byte-level BPE tokenizer with one token per digit and a chat template; (3)
-initialise a ~0.9M-parameter Llama; (4) SFT it with `atropos_trainer.sft.run_sft`, saving a checkpoint every
+initialise a ~0.9M-parameter Llama; (4) SFT it with `atropos_cli.trainer.sft.run_sft`, saving a checkpoint every
 few hundred steps; (5) score every checkpoint on the env's eval items, greedy and with the default sampling
 (temperature 1.0, 8 samples per question), through the local backend, and keep the best greedy one among those
 whose temperature-1.0 accuracy is in 30%..70%; (6) copy it to --out with a model card that records the recipe
@@ -30,8 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from atropos_cli.registry import resolve_env
-from atropos_cli.resources import import_bundled_package
+from atropos_cli.env.registry import resolve_env
 
 
 def _arith_module():
@@ -69,7 +68,8 @@ def write_chats(path: Path, count: int, seed: int, noise: float, spread: int) ->
 async def accuracy(model_dir: Path, items: int, samples: int, seed: int, temperature: float | None = None) -> float:
     """Mean reward of the arithmetic env over `items` eval questions x `samples` draws (default: the env's
     sampling temperature; 0.0 is greedy)."""
-    from atropos_cli.inference.base import SamplingParams, ServerConfig
+    from atropos_cli.config import ServerConfig
+    from atropos_cli.inference.base import SamplingParams
     from atropos_cli.inference.local import LocalBackend
 
     env_cls = resolve_env("arithmetic")
@@ -117,7 +117,7 @@ def model_card(out: Path, args: argparse.Namespace, step: str, greedy: float, ac
 
 A {params / 1e6:.2f}M-parameter Llama ({config["num_hidden_layers"]} layers, hidden size {config["hidden_size"]})
 with a {config["vocab_size"]}-token byte-level BPE tokenizer (one token per digit), trained by
-`atropos_trainer.sft.run_sft` on procedurally generated questions of the bundled `arithmetic` env
+`atropos_cli.trainer.sft.run_sft` on procedurally generated questions of the bundled `arithmetic` env
 ("What is 12 + 7?" -> "19"). It ships inside the `atropos` package so `atropos process` runs offline.
 
 - chat template: `<|user|>...<|end|><|assistant|>...<|end|>` (`<|end|>` is EOS)
@@ -168,9 +168,8 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(args.threads)
-    import_bundled_package("trainer", "atropos_trainer")
-    from atropos_trainer.sft import SFTConfig, run_sft
-    from atropos_trainer.tiny_model import (
+    from atropos_cli.trainer.sft import SFTConfig, run_sft
+    from atropos_cli.trainer.tiny_model import (
         TinyModelSizes,
         init_model,
         portable_tokenizer_config,

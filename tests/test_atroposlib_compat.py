@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from atropos_cli.resources import resolve_model_path
-from atropos_cli.serve import ServeOptions, serve_env
+from atropos_cli.runs.serve import ServeOptions, serve_env
 from atropos_cli.testing import free_port
 from test_api_durability import api_process
 from test_serve import load, start_trainer

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
+from atropos_cli.formats.jsonl import JsonlWriter
+from atropos_cli.formats.parquet import write_parquet
 from atropos_cli.types import GroupMeta, ScoredGroup
-from atropos_cli.writers.jsonl import JsonlWriter
-from atropos_cli.writers.parquet import write_parquet
 
 runner = CliRunner()
 

@@ -2,9 +2,8 @@
 
 import pytest
 
-from atropos_cli.config import EnvConfig, config_diff, load_yaml, parse_dotted_flags, resolve_config
+from atropos_cli.config import EnvConfig, ServerConfig, config_diff, load_yaml, parse_dotted_flags, resolve_config
 from atropos_cli.errors import ConfigError
-from atropos_cli.inference.base import ServerConfig
 
 
 def resolve(yaml_data=None, cli_env=None, cli_openai=None):

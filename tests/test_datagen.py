@@ -9,7 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from atropos_cli.datagen import (
+from atropos_cli.datagen.select import (
     DatagenStats,
     DpoOptions,
     DropReason,
@@ -18,8 +18,8 @@ from atropos_cli.datagen import (
     select_sft,
     split_messages,
 )
-from atropos_cli.dataset_writer import DatasetWriter, render_card, row_formatter, schema_for
 from atropos_cli.errors import OutputExistsError, RecordError
+from atropos_cli.formats.dataset import DatasetWriter, render_card, row_formatter, schema_for
 from atropos_cli.types import GroupMeta, ScoredGroup
 
 
@@ -286,7 +286,7 @@ def test_card_lists_counts_filters_and_sources() -> None:
 
 @pytest.mark.parametrize(("kind", "fmt"), [("sft", "messages"), ("sft", "prompt-completion"), ("dpo", "preference")])
 def test_existing_keys_make_append_skip_rows_already_written(tmp_path: Path, kind: str, fmt: str) -> None:
-    from atropos_cli.dataset_writer import existing_keys
+    from atropos_cli.formats.dataset import existing_keys
 
     items = [group([1.0, 0.5, 0.0], gid=f"g{i}") for i in range(3)]
     rows = sft(items)[0] if kind == "sft" else dpo(items)[0]

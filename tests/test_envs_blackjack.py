@@ -12,7 +12,7 @@ import re
 from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
-from atropos_cli.registry import resolve_env
+from atropos_cli.env.registry import resolve_env
 
 FAKE_TEMPLATE = (
     "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
@@ -24,7 +24,7 @@ def game_module():
     import sys
 
     resolve_env("blackjack")
-    return sys.modules["atropos_envs.blackjack"]
+    return sys.modules["atropos_cli.envs.blackjack"]
 
 
 def test_hand_totals_and_dealer_rules():
@@ -113,7 +113,7 @@ def test_blackjack_on_the_shipped_model_keeps_tokens_and_logprobs(tmp_path):
 
     if "atropos-tiny-arith" not in shipped_models():
         pytest.skip("the shipped model is not built here")
-    from atropos_cli.tokens import load_tokenizer
+    from atropos_cli.inference.tokenizer import load_tokenizer
 
     out = tmp_path / "bj"
     result = CliRunner().invoke(

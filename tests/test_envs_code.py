@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from atropos_cli.registry import resolve_env
-from atropos_cli.sandbox import SandboxLimits, run_python, run_python_async
+from atropos_cli.env.registry import resolve_env
+from atropos_cli.env.sandbox import SandboxLimits, run_python, run_python_async
 
 DATA = Path(__file__).parent / "data"
 FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
@@ -97,10 +97,10 @@ def test_code_mbpp_style_loader(tmp_path):
 def test_bundled_problems_pass_with_their_reference_solutions():
     import json
 
-    from atropos_cli.resources import bundled_dir
+    from atropos_cli.resources import envs_data_dir
 
     env = make_env()
-    rows = [json.loads(line) for line in (bundled_dir("envs") / "_data" / "code_problems.jsonl").open()]
+    rows = [json.loads(line) for line in (envs_data_dir() / "code_problems.jsonl").open()]
     items = list(env.items("eval"))
     assert len(items) == len(rows) >= 10
     for row, item in zip(rows, items, strict=True):

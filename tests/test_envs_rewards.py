@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from atropos_cli.env.registry import list_envs, resolve_env
 from atropos_cli.errors import ConfigError
-from atropos_cli.registry import list_envs, resolve_env
 
 DATA = Path(__file__).parent / "data"
 

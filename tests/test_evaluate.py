@@ -12,8 +12,8 @@ import yaml
 from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
-from atropos_cli.eval_metrics import ItemResult, compare_metrics, pass_at_k, summarise
 from atropos_cli.resources import shipped_models
+from atropos_cli.runs.metrics import ItemResult, compare_metrics, pass_at_k, summarise
 
 runner = CliRunner()
 

@@ -11,18 +11,16 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-openai = pytest.importorskip("openai")
-
-
-from atropos_cli.inference.base import ServerConfig  # noqa: E402
-from atropos_cli.inference.local import LocalBackend  # noqa: E402
-from atropos_cli.inference_server import create_app  # noqa: E402
-from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path  # noqa: E402
-from atropos_cli.testing import free_port  # noqa: E402
-from atropos_cli.testing.threaded import ThreadedServer  # noqa: E402
+from atropos_cli.config import ServerConfig
+from atropos_cli.inference.local import LocalBackend
+from atropos_cli.inference.server import create_app
+from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path
+from atropos_cli.testing import free_port
+from atropos_cli.testing.threaded import ThreadedServer
 
 QUESTIONS = [[{"role": "user", "content": f"What is {a} + {b}?"}] for a, b in [(12, 7), (40, 2), (9, 9), (55, 31)]]
 

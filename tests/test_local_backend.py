@@ -11,13 +11,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from atropos_cli.errors import ModelLoadError  # noqa: E402
-from atropos_cli.inference.base import InferenceBackend, SamplingParams, ServerConfig  # noqa: E402
-from atropos_cli.inference.local import BadRequestError, LocalBackend  # noqa: E402
-from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path  # noqa: E402
+from atropos_cli.config import ServerConfig
+from atropos_cli.errors import ModelLoadError
+from atropos_cli.inference.base import InferenceBackend, SamplingParams
+from atropos_cli.inference.local import BadRequestError, LocalBackend
+from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path
 
 QUESTION = [{"role": "user", "content": "What is 12 + 7?"}]
 
@@ -162,7 +162,7 @@ def test_hub_id_offline_says_hub_unreachable_and_how_to_pass_a_path(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path)}
     code = (
         "from atropos_cli.inference.local import LocalBackend\n"
-        "from atropos_cli.inference.base import ServerConfig\n"
+        "from atropos_cli.config import ServerConfig\n"
         "from atropos_cli.errors import ModelLoadError\n"
         "try:\n"
         "    LocalBackend(ServerConfig(server_type='local', model_name='some-org/no-such-model'))\n"

@@ -5,13 +5,9 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from atropos_cli.resources import import_bundled_package  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.losses import Normaliser, loss_config, policy_loss  # noqa: E402
+from atropos_cli.trainer.losses import Normaliser, loss_config, policy_loss
 
 # Two rollouts: the first trains 2 tokens (advantage +1), the second 1 token (advantage -1); column 2 of the
 # second row is padding.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from atropos_cli.multiturn import TokenTrace
+from atropos_cli.env.multiturn import TokenTrace
 from atropos_cli.resources import shipped_models
 
 CHATML = (
@@ -34,7 +34,7 @@ def chatml_tokenizer():
 def tokenizers_under_test(chatml_tokenizer):
     yield "chatml-bpe", chatml_tokenizer
     if "atropos-tiny-arith" in shipped_models():
-        from atropos_cli.tokens import load_tokenizer
+        from atropos_cli.inference.tokenizer import load_tokenizer
 
         yield "atropos-tiny-arith", load_tokenizer("atropos-tiny-arith")
 

@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadResponseError, InferenceError
-from atropos_cli.inference.base import SamplingParams, ServerConfig
+from atropos_cli.inference.base import SamplingParams
 from atropos_cli.inference.openai_compat import OpenAICompatBackend, RetryableError
 from atropos_cli.testing import free_port
 from atropos_cli.testing.fake_server import encode, render_chat, token_logprob

@@ -1,4 +1,5 @@
-"""The built wheel carries envs, templates, trainer and the shipped model, and works in a fresh venv."""
+"""The built wheel carries envs, templates, trainer (one import name each) and the shipped model, and works in a
+fresh venv; pyproject lists every package folder and every bundled env."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,16 +30,56 @@ def wheel(tmp_path_factory) -> Path:
 def test_wheel_carries_the_bundled_folders(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
-        "atropos_cli/_bundled/envs/arithmetic.py",
-        "atropos_cli/_bundled/templates/viewer.html.j2",
-        "atropos_cli/_bundled/trainer/__init__.py",
+        "atropos_cli/envs/arithmetic.py",
+        "atropos_cli/envs/_data/code_problems.jsonl",
+        "atropos_cli/templates/viewer.html.j2",
+        "atropos_cli/templates/init_env/env.py.j2",
+        "atropos_cli/trainer/__init__.py",
         "atropos_cli/cli/app.py",
     ):
         assert required in names, required
+    assert not any(name.startswith(("envs/", "trainer/", "templates/")) for name in names), "one import name each"
     model_files = ROOT / "src" / "atropos_cli" / "models"
     for path in model_files.rglob("*"):
         if path.is_file():
             assert f"atropos_cli/models/{path.relative_to(model_files)}" in names
+
+
+def _package_folders() -> set[str]:
+    """Every folder of the repo that holds Python code or shipped data, under the import name it installs as."""
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {name: ROOT / folder for name, folder in config["package-dir"].items() if name}
+    roots["atropos_cli"] = ROOT / "src" / "atropos_cli"
+    found = set()
+    for name, folder in roots.items():
+        for init in folder.rglob("*"):
+            if init.is_dir() and "__pycache__" not in init.parts and any(init.glob("*.py")) or init == folder:
+                rel = init.relative_to(folder).parts
+                found.add(".".join((name, *rel)))
+    return found
+
+
+def test_every_package_folder_is_listed_in_pyproject():
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    assert _package_folders() <= listed, sorted(_package_folders() - listed)
+
+
+def test_every_bundled_env_is_an_entry_point():
+    from atropos_cli.env.base import BaseEnv
+
+    entry_points = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]["atropos.envs"]
+    import importlib
+    import inspect
+
+    defined = set()
+    for module_file in (ROOT / "envs").glob("*.py"):
+        if module_file.stem.startswith("_"):
+            continue
+        module = importlib.import_module(f"atropos_cli.envs.{module_file.stem}")
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, BaseEnv) and obj.__module__ == module.__name__:
+                defined.add(f"{module.__name__}:{obj.__name__}")
+    assert defined == set(entry_points.values())
 
 
 def test_wheel_in_a_fresh_venv_runs_process_against_a_local_server(wheel, tmp_path):

@@ -11,10 +11,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from atropos_cli.errors import RecordError
-from atropos_cli.readers import BadRecord, SourcedGroup, expand_inputs, iter_groups
+from atropos_cli.formats.jsonl import JsonlWriter
+from atropos_cli.formats.parquet import write_parquet
+from atropos_cli.formats.reader import BadRecord, SourcedGroup, expand_inputs, iter_groups
 from atropos_cli.types import GroupMeta, ScoredGroup
-from atropos_cli.writers.jsonl import JsonlWriter
-from atropos_cli.writers.parquet import write_parquet
 
 
 def group(score: float = 1.0, n: int = 2, item: str = "i") -> ScoredGroup:

@@ -2,9 +2,9 @@
 
 import pytest
 
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
+from atropos_cli.env.registry import bundled_env_names, list_envs, resolve_env
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
-from atropos_cli.registry import bundled_env_names, list_envs, resolve_env
 
 ENV_FILE = """
 from atropos_cli import SimpleEnv

@@ -5,10 +5,10 @@ import asyncio
 import pytest
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env import BaseEnv, SimpleEnv
+from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.inference.base import Choice, Generation
-from atropos_cli.rollout import RunAborted, collect_group, run_groups
+from atropos_cli.runs.rollout import RunAborted, collect_group, run_groups
 
 
 class ScriptedServer:

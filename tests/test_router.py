@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadResponseError, InferenceError, ServerUnreachableError
-from atropos_cli.inference.base import ServerConfig
 from atropos_cli.inference.factory import make_backend
 from atropos_cli.inference.openai_compat import OpenAICompatBackend
 from atropos_cli.inference.router import ServerManager

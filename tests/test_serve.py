@@ -21,9 +21,9 @@ import pytest
 
 from atropos_cli.api.app import create_app
 from atropos_cli.api.service import ApiSettings
-from atropos_cli.envsetup import load_env
+from atropos_cli.env.loading import load_env
 from atropos_cli.errors import AtroposError
-from atropos_cli.serve import ServeOptions, serve_env
+from atropos_cli.runs.serve import ServeOptions, serve_env
 from atropos_cli.testing.threaded import ThreadedServer
 
 ENV_FILE = str(Path(__file__).parent / "data" / "serve" / "counting_env.py")

@@ -1,5 +1,5 @@
 """The shipped model `atropos-tiny-arith` (files, tokenizer, accuracy band on the arithmetic env) and the SFT
-path that trains it (`atropos_trainer.sft`) plus the tokenizer/model builders (`atropos_trainer.tiny_model`)."""
+path that trains it (`atropos_cli.trainer.sft`) plus the tokenizer/model builders (`atropos_cli.trainer.tiny_model`)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,14 @@ from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
-
-from atropos_cli.errors import ConfigError, OutputExistsError, RecordError  # noqa: E402
-from atropos_cli.inference.base import SamplingParams, ServerConfig  # noqa: E402
-from atropos_cli.inference.local import LocalBackend  # noqa: E402
-from atropos_cli.registry import resolve_env  # noqa: E402
-from atropos_cli.resources import DEFAULT_MODEL, import_bundled_package, resolve_model_path, shipped_models  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.sft import SFTConfig, encode_chat, load_chats, run_sft  # noqa: E402
-from atropos_trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer  # noqa: E402
+from atropos_cli.config import ServerConfig
+from atropos_cli.env.registry import resolve_env
+from atropos_cli.errors import ConfigError, OutputExistsError, RecordError
+from atropos_cli.inference.base import SamplingParams
+from atropos_cli.inference.local import LocalBackend
+from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path, shipped_models
+from atropos_cli.trainer.sft import SFTConfig, encode_chat, load_chats, run_sft
+from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
 
 SHIPPED = Path(resolve_model_path(DEFAULT_MODEL))
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +36,7 @@ def test_shipped_model_is_small_complete_and_found_by_short_name():
 
 
 def test_shipped_tokenizer_spells_numbers_digit_by_digit_and_has_a_chat_template():
-    from atropos_cli.tokens import load_tokenizer
+    from atropos_cli.inference.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     assert tokenizer.convert_ids_to_tokens(tokenizer.encode("1234", add_special_tokens=False)) == list("1234")
@@ -131,7 +128,7 @@ def _write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_encode_chat_trains_only_on_assistant_turns():
-    from atropos_cli.tokens import load_tokenizer
+    from atropos_cli.inference.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(DEFAULT_MODEL)
     chat = [

@@ -20,10 +20,8 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
-    from atropos_cli.resources import import_bundled_package
 
-    import_bundled_package("trainer", "atropos_trainer")
-    from atropos_trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
+    from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
 
     texts = [f"<|user|>What is {a} - {b}?<|end|><|assistant|>{a - b}<|end|>" for a in range(20) for b in range(20)]
     tokenizer = train_tokenizer(texts, vocab_size=290)

@@ -3,17 +3,10 @@ under torch.compile); padded rows get transformers' own SDPA mask. (Packed rows 
 
 from __future__ import annotations
 
-import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from atropos_cli.resources import import_bundled_package  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.attention import ATTENTION_NAME, _register  # noqa: E402
-
-from tiny_models import tiny_causal_lm  # noqa: E402
+from atropos_cli.trainer.attention import ATTENTION_NAME, _register
+from tiny_models import tiny_causal_lm
 
 
 def test_the_mask_is_skipped_only_when_purely_causal():
@@ -71,7 +64,7 @@ def test_under_compile_tracing_unpadded_rows_keep_the_causal_flash_path():
 
 
 def test_compile_body_compiles_the_whole_body_on_atropos_sdpa_and_layers_otherwise():
-    from atropos_trainer.attention import compile_body
+    from atropos_cli.trainer.attention import compile_body
 
     model = tiny_causal_lm("qwen", 89)  # sdpa: switched to atropos_sdpa, the body compiled whole
     compile_body(model, model.model)

@@ -12,23 +12,19 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-
-from atropos_cli.errors import ConfigError  # noqa: E402
-from atropos_cli.resources import import_bundled_package  # noqa: E402
-from atropos_cli.types import ScoredGroup  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.grpo import GRPOConfig  # noqa: E402
-from atropos_trainer.run import RunOptions, run_training  # noqa: E402
-from atropos_trainer.sources import ApiWaitTimeout  # noqa: E402
+from atropos_cli.errors import ConfigError
+from atropos_cli.trainer.grpo import GRPOConfig
+from atropos_cli.trainer.run import RunOptions, run_training
+from atropos_cli.trainer.sources import ApiWaitTimeout
+from atropos_cli.types import ScoredGroup
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer Llama with a real tokenizer and chat template, saved like any HF model (built in ~2 s)."""
-    from atropos_trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
+    from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
 
     texts = [f"<|user|>What is {a} + {b}?<|end|><|assistant|>{a + b}<|end|>" for a in range(20) for b in range(20)]
     tokenizer = train_tokenizer(texts, vocab_size=290)
@@ -116,7 +112,7 @@ def test_api_without_data_times_out_with_a_clear_error(tiny_model: Path, tmp_pat
 
 
 PARITY_ENV = '''
-from atropos_cli.env import SimpleEnv
+from atropos_cli.env.base import SimpleEnv
 
 
 class ParityEnv(SimpleEnv):
@@ -213,9 +209,9 @@ def test_external_inference_server_is_asked_to_reload_each_checkpoint(tiny_model
     """`--inference external` against a real `atropos inference` server: checkpoints + POST /reload_weights."""
     import uvicorn
 
-    from atropos_cli.inference.base import ServerConfig
+    from atropos_cli.config import ServerConfig
     from atropos_cli.inference.local import LocalBackend
-    from atropos_cli.inference_server import create_app
+    from atropos_cli.inference.server import create_app
 
     backend = LocalBackend(ServerConfig(server_type="local", model_name=str(tiny_model)))
     sock = socket.socket()

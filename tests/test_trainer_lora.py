@@ -9,21 +9,18 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import peft  # noqa: F401  (LoRA tests need peft)
 import pytest
+import torch
 from typer.testing import CliRunner
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("peft")
-
-from atropos_cli.cli.app import app  # noqa: E402
-from atropos_cli.errors import ConfigError  # noqa: E402
-from atropos_cli.resources import DEFAULT_MODEL, import_bundled_package, resolve_model_path  # noqa: E402
-from atropos_cli.types import ScoredGroup  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.grpo import GRPOConfig, GRPOTrainer, _body_and_head  # noqa: E402
-from atropos_trainer.lora import merged_state_dict, unwrap  # noqa: E402
-from atropos_trainer.sync import LocalSync  # noqa: E402
+from atropos_cli.cli.app import app
+from atropos_cli.errors import ConfigError
+from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path
+from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, _body_and_head
+from atropos_cli.trainer.lora import merged_state_dict, unwrap
+from atropos_cli.trainer.sync import LocalSync
+from atropos_cli.types import ScoredGroup
 
 runner = CliRunner()
 BASE = Path(resolve_model_path(DEFAULT_MODEL))

@@ -4,19 +4,13 @@ overrides follow the rules, and a small-lr step moves the fp32 master weights.""
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from atropos_cli.resources import import_bundled_package  # noqa: E402
-from atropos_cli.types import ScoredGroup  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.batching import group_advantages, micro_batches, prepare  # noqa: E402
-from atropos_trainer.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from atropos_trainer.logprobs import flat_token_logprobs, naive_token_logprobs  # noqa: E402
-
-from tiny_models import tiny_causal_lm  # noqa: E402
+from atropos_cli.trainer.batching import group_advantages, micro_batches, prepare
+from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+from atropos_cli.trainer.logprobs import flat_token_logprobs, naive_token_logprobs
+from atropos_cli.types import ScoredGroup
+from tiny_models import tiny_causal_lm
 
 VOCAB = 97
 
@@ -155,7 +149,7 @@ def test_micro_batches_respect_the_token_budget():
 
 def test_fused_and_eager_chunk_gradients_agree():
     """The CUDA path compiles `_chunk_dlogits_fused`; it must compute what the eager in-place version does."""
-    from atropos_trainer.logprobs import _chunk_dlogits, _chunk_dlogits_fused
+    from atropos_cli.trainer.logprobs import _chunk_dlogits, _chunk_dlogits_fused
 
     torch.manual_seed(1)
     logits, targets = torch.randn(6, VOCAB) * 3, torch.randint(0, VOCAB, (6,))
@@ -169,7 +163,7 @@ def test_fused_and_eager_chunk_gradients_agree():
 
 
 def test_dtype_auto_is_fp32_on_cpu_and_bf16_pure_on_cuda():
-    from atropos_trainer.grpo import resolve_dtype
+    from atropos_cli.trainer.grpo import resolve_dtype
 
     assert GRPOConfig().dtype == "auto"
     assert resolve_dtype("auto", "cpu") == "fp32" and resolve_dtype("auto", "cuda:1") == "bf16-pure"

@@ -4,19 +4,13 @@ trained positions reach the LM head."""
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-from atropos_cli.resources import import_bundled_package  # noqa: E402
-from atropos_cli.types import ScoredGroup  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.batching import micro_batches, prepare  # noqa: E402
-from atropos_trainer.grpo import GRPOConfig, GRPOTrainer, use_packing  # noqa: E402
-from atropos_trainer.losses import Normaliser, policy_loss  # noqa: E402
-
-from tiny_models import tiny_causal_lm  # noqa: E402
+from atropos_cli.trainer.batching import micro_batches, prepare
+from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, use_packing
+from atropos_cli.trainer.losses import Normaliser, policy_loss
+from atropos_cli.types import ScoredGroup
+from tiny_models import tiny_causal_lm
 
 VOCAB = 89
 

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from atropos_cli.readers import BadRecord, SourcedGroup
+from atropos_cli.formats.html import PAGE_SIZE, embed_json, render_html
+from atropos_cli.formats.reader import BadRecord, SourcedGroup
 from atropos_cli.types import GroupMeta, RolloutMeta, ScoredGroup
-from atropos_cli.writers.html import PAGE_SIZE, embed_json, render_html
 
 XSS = "<script>alert(1)</script> and </script><img src=x onerror=alert(2)> & <!--"
 

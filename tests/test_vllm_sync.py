@@ -15,21 +15,18 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
+
+from atropos_cli.errors import InferenceError
+from atropos_cli.resources import resolve_model_path
+from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+from atropos_cli.trainer.vllm import BASE_NAME, VLLMServer, VLLMSync
 
 pytestmark = pytest.mark.vllm
 
 VLLM_PYTHON = os.environ.get("ATROPOS_VLLM_PYTHON")
 if not VLLM_PYTHON:
     pytest.skip("set ATROPOS_VLLM_PYTHON to a python that has vllm installed", allow_module_level=True)
-
-torch = pytest.importorskip("torch")
-
-from atropos_cli.errors import InferenceError  # noqa: E402
-from atropos_cli.resources import import_bundled_package, resolve_model_path  # noqa: E402
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.grpo import GRPOConfig, GRPOTrainer  # noqa: E402
-from atropos_trainer.vllm import BASE_NAME, VLLMServer, VLLMSync  # noqa: E402
 
 # small-box settings: vLLM's CPU backend reserves a fraction of RAM for its KV cache
 SMALL = ["--gpu-memory-utilization", os.environ.get("ATROPOS_VLLM_MEM", "0.25"), "--max-model-len", "256"]
@@ -134,7 +131,7 @@ def test_reload_serves_new_weights_in_place_like_a_restart_would(tmp_path: Path,
 
 
 def test_one_command_loop_with_reload_sync_never_restarts_vllm(tmp_path: Path, untied_model: str):
-    from atropos_trainer.run import RunOptions, run_training
+    from atropos_cli.trainer.run import RunOptions, run_training
 
     opts = RunOptions(
         env="arithmetic", inference="vllm", vllm_python=VLLM_PYTHON, vllm_port=_free_port(), vllm_timeout=600,

@@ -21,11 +21,8 @@ from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
 from atropos_cli.errors import ConfigError, InferenceError
-from atropos_cli.resources import import_bundled_package
 from atropos_cli.testing.threaded import ThreadedServer
-
-import_bundled_package("trainer", "atropos_trainer")
-from atropos_trainer.vllm import VLLMServer, VLLMSync, vllm_lora_rank  # noqa: E402
+from atropos_cli.trainer.vllm import VLLMServer, VLLMSync, vllm_lora_rank
 
 FAKE_VLLM = """
 import argparse, os, sys

@@ -14,10 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from atropos_cli.errors import RecordError
-from atropos_cli.readers import iter_groups
+from atropos_cli.formats.jsonl import JsonlWriter
+from atropos_cli.formats.parquet import iter_parquet_groups, iter_parquet_results, write_parquet
+from atropos_cli.formats.reader import iter_groups
 from atropos_cli.types import GroupMeta, RolloutFailure, RolloutMeta, ScoredGroup
-from atropos_cli.writers.jsonl import JsonlWriter
-from atropos_cli.writers.parquet import iter_parquet_groups, iter_parquet_results, write_parquet
 
 
 def chat(prompt: str, answer: str, **extra: object) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The bundled trainer package (imported as `atropos_trainer` by `atropos train`; needs torch).
+"""The bundled trainer package (imported as `atropos_cli.trainer` by `atropos train`; needs torch).
 
 Read in this order: `grpo.py` (the GRPO step and loop), `losses.py` (the loss family), `logprobs.py` (chunked
 fp32 log-probs, fused chunk kernels on CUDA), `batching.py` (groups -> padded or packed micro-batches),

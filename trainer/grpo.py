@@ -119,8 +119,8 @@ def load_policy(name: str, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from atropos_cli.inference.tokenizer import load_tokenizer
     from atropos_cli.resources import resolve_model_path
-    from atropos_cli.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(name)
     try:

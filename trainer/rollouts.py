@@ -43,7 +43,7 @@ class EnvRollouts:
         server: dict[str, Any],
         backend: Any = None,
     ) -> None:
-        from atropos_cli.envsetup import resolve_run_config
+        from atropos_cli.env.loading import resolve_run_config
         from atropos_cli.inference.router import ServerManager
 
         self.loop = asyncio.new_event_loop()
@@ -73,7 +73,7 @@ class EnvRollouts:
             yield groups
 
     async def _collect(self, n: int) -> list[ScoredGroup] | None:
-        from atropos_cli.rollout import collect_group
+        from atropos_cli.runs.rollout import collect_group
 
         items = []
         for _ in range(n):

@@ -155,8 +155,8 @@ def _load_model_and_tokenizer(name: str, device: str) -> tuple[Any, Any]:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from atropos_cli.inference.tokenizer import load_tokenizer
     from atropos_cli.resources import resolve_model_path
-    from atropos_cli.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(name)
     if tokenizer.chat_template is None:

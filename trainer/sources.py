@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from atropos_cli.api.trainer_client import TrainerRegistration, iter_raw_batches
 from atropos_cli.errors import AtroposError, RecordError
-from atropos_cli.readers import BadRecord, expand_inputs, iter_groups
+from atropos_cli.formats.reader import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
 
 __all__ = ["file_batches", "api_batches", "ApiWaitTimeout"]

@@ -1,6 +1,6 @@
 """Builds the pieces of a tiny causal LM from nothing: a byte-level BPE tokenizer with a chat template, and a
 small Llama config with freshly initialised weights. Used by `examples/build_tiny_model.py` (the recipe of the
-shipped `atropos-tiny-arith`); the weights are then trained by `atropos_trainer.sft.run_sft`.
+shipped `atropos-tiny-arith`); the weights are then trained by `atropos_cli.trainer.sft.run_sft`.
 
 Flow: texts -> `train_tokenizer` (digits are single tokens, so numbers are spelled digit by digit; bytes as a
 fallback, so any text encodes) -> `init_model(tokenizer, sizes)` -> `save_init(dir)` (config, weights,

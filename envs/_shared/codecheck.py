@@ -12,7 +12,7 @@ import re
 import secrets
 from typing import Any
 
-from atropos_cli.sandbox import SandboxLimits, SandboxResult, run_python, run_python_async
+from atropos_cli.env.sandbox import SandboxLimits, SandboxResult, run_python, run_python_async
 
 __all__ = ["extract_code", "build_run", "parse_outcome", "check_solution", "check_solution_async"]
 

@@ -17,10 +17,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import ConfigError
-from atropos_cli.inference.base import ServerConfig
 
 __all__ = [
     "EnvConfig",
+    "ServerConfig",
+    "SERVER_TYPES",
     "RunConfig",
     "parse_dotted_flags",
     "load_yaml",
@@ -30,6 +31,30 @@ __all__ = [
 ]
 
 NAMESPACES = ("env", "openai")
+SERVER_TYPES = ("openai", "vllm", "sglang", "trl", "local")
+
+
+class ServerConfig(BaseModel):
+    """One inference server: Atropos' `APIServerConfig` fields (same names, so `--openai.*` flags port over)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = "default"
+    base_url: str = ""
+    api_key: str = ""
+    server_type: Literal["openai", "vllm", "sglang", "trl", "local"] = "openai"
+    tokenizer_name: str = "none"
+    timeout: float = Field(1200.0, gt=0)
+    num_max_requests_at_once: int = Field(512, ge=1)
+    num_requests_for_eval: int = Field(64, ge=1)
+    rolling_buffer_length: int = 1000
+    n_kwarg_is_ignored: bool = False
+    health_check: bool = True
+    max_retries: int = Field(3, ge=0)
+    weight: float = 1.0
+    # local backend only
+    device: str = "auto"
+    dtype: str = "auto"
 
 
 class EnvConfig(BaseModel):

@@ -15,12 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atropos_cli.errors import ModelLoadError
 from atropos_cli.inference.base import Generation
-from atropos_cli.resources import resolve_model_path
 from atropos_cli.types import Message
 
-__all__ = ["RolloutTokens", "build_rollout_tokens", "load_tokenizer", "chat_prompt_ids", "MASKED", "MASKED_LOGPROB"]
+__all__ = ["RolloutTokens", "build_rollout_tokens", "chat_prompt_ids", "MASKED", "MASKED_LOGPROB"]
 
 MASKED = -100
 MASKED_LOGPROB = 1.0
@@ -31,35 +29,6 @@ class RolloutTokens:
     tokens: list[list[int]]
     masks: list[list[int]]
     logprobs: list[list[float]] | None
-
-
-def load_tokenizer(name: str) -> Any:
-    """AutoTokenizer for a shipped model's short name, a local directory or a hub id."""
-    from pathlib import Path
-
-    path = resolve_model_path(name)
-    try:
-        from transformers import AutoTokenizer
-    except ImportError:
-        raise ModelLoadError(
-            f"cannot load tokenizer {name!r}: transformers is not installed",
-            hint='install the local extra: pip install "atropos[local]"',
-        ) from None
-    if Path(path).exists() and not Path(path).is_dir():
-        raise ModelLoadError(f"tokenizer path {path!r} is a file", hint="pass the model's directory")
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except OSError as exc:
-        if Path(path).is_dir():
-            raise ModelLoadError(
-                f"directory {path!r} has no tokenizer files",
-                hint="save one with tokenizer.save_pretrained(DIR), or pass --env.tokenizer_name",
-            ) from None
-        raise ModelLoadError(
-            f"cannot load tokenizer {name!r}: not a local directory and the Hugging Face hub is unreachable "
-            f"or has no such repo ({type(exc).__name__})",
-            hint="pass a local directory (a saved model) or one of the shipped models: atropos-tiny-arith",
-        ) from None
 
 
 def chat_prompt_ids(tokenizer: Any, messages: list[Message]) -> list[int]:

@@ -87,7 +87,7 @@ def sft_gen_command(
     tasks_per_step: Annotated[int, typer.Option(help="With --api-url: groups per batch (Atropos' flag).")] = 64,
 ) -> None:
     """Build an SFT dataset: the best rollouts of each group (rejection sampling), TRL-ready."""
-    from atropos_cli.datagen import SftOptions
+    from atropos_cli.datagen.select import SftOptions
 
     with cli_errors():
         options = SftOptions(
@@ -135,7 +135,7 @@ def dpo_gen_command(
     group_size: GroupSize = 2,
 ) -> None:
     """Build a DPO dataset: chosen/rejected pairs from each group's score spread, TRL-ready."""
-    from atropos_cli.datagen import DpoOptions
+    from atropos_cli.datagen.select import DpoOptions
 
     with cli_errors():
         options = DpoOptions(
@@ -167,7 +167,7 @@ def _api_options(
         if reset:
             raise fail("--reset only applies to --api-url", "drop --reset, or pass --api-url URL", code=2)
         return None
-    from atropos_cli.api_source import ApiSourceOptions
+    from atropos_cli.api.source import ApiSourceOptions
 
     return ApiSourceOptions(
         url=url, api_key=key, reset=reset, idle_timeout=idle, batch_size=batch_size, max_token_len=max_len or 2048
@@ -194,11 +194,11 @@ class _BadLines:
 
 def _groups(inputs: list[str], api: Any, strict: bool, bad: _BadLines) -> Iterator[Any]:
     if inputs:
-        from atropos_cli.readers import expand_inputs, iter_groups
+        from atropos_cli.formats.reader import expand_inputs, iter_groups
 
         yield from iter_groups(expand_inputs(inputs), strict=strict, on_bad=None if strict else bad)
     if api is not None:
-        from atropos_cli.api_source import iter_api_groups
+        from atropos_cli.api.source import iter_api_groups
 
         yield from iter_api_groups(api, on_bad=None if strict else bad)
 
@@ -225,8 +225,8 @@ class _Job:
 
 
 def _run(job: _Job) -> None:
-    from atropos_cli.datagen import DatagenStats, select_dpo, select_sft
-    from atropos_cli.dataset_writer import existing_keys, row_formatter
+    from atropos_cli.datagen.select import DatagenStats, select_dpo, select_sft
+    from atropos_cli.formats.dataset import existing_keys, row_formatter
 
     if not job.inputs and job.api is None:
         raise fail("no input given", "pass run dirs / rollout files, or --api-url URL", code=2)
@@ -252,7 +252,7 @@ def _run(job: _Job) -> None:
 def _load_tokenizer(name: str | None) -> Any:
     if name is None:
         return None
-    from atropos_cli.tokens import load_tokenizer
+    from atropos_cli.inference.tokenizer import load_tokenizer
 
     return load_tokenizer(name)
 
@@ -264,7 +264,7 @@ def _consume(rows: Iterable[Any], stats: Any) -> None:
 
 
 def _write(job: _Job, records: Iterable[dict[str, Any]], stats: Any) -> int:
-    from atropos_cli.dataset_writer import DatasetWriter, render_card, schema_for
+    from atropos_cli.formats.dataset import DatasetWriter, render_card, schema_for
 
     assert job.out is not None
     schema = schema_for(job.kind, job.fmt, job.save_messages)

@@ -10,7 +10,7 @@ from atropos_cli.cli.common import cli_errors, console
 
 def envs_command() -> None:
     """List bundled envs (and envs installed through the `atropos.envs` entry point) with a one-line description."""
-    from atropos_cli.registry import list_envs
+    from atropos_cli.env.registry import list_envs
 
     with cli_errors():
         table = Table(show_header=True, header_style="bold", box=None)

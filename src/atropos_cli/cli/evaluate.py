@@ -54,8 +54,8 @@ def evaluate_command(
             _compare(*compare, out)
         return
     from atropos_cli.cli.process import plain_overrides
-    from atropos_cli.envsetup import load_env, uses_default_local_model
-    from atropos_cli.evaluate import EvalPaths, prepare_eval_dir
+    from atropos_cli.env.loading import load_env, uses_default_local_model
+    from atropos_cli.runs.evaluate import EvalPaths, prepare_eval_dir
 
     with cli_errors():
         overrides = plain_overrides(seed=seed, base_url=base_url, model=model, api_key=api_key)
@@ -78,7 +78,7 @@ def evaluate_command(
 
 
 def _default_out(env: str) -> Path:
-    from atropos_cli.process_run import default_out_dir
+    from atropos_cli.runs.process import default_out_dir
 
     stem = Path(env.split(":")[0]).stem
     return default_out_dir(f"eval-{stem}")
@@ -87,7 +87,7 @@ def _default_out(env: str) -> Path:
 def _run_with_progress(
     loaded: Any, paths: Any, k: int, concurrency: int, limit: int | None, skip: set[int], threshold: float
 ) -> Any:
-    from atropos_cli.evaluate import run_eval
+    from atropos_cli.runs.evaluate import run_eval
 
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} items")]
     with Progress(*columns, TimeRemainingColumn(), console=err_console, transient=False) as progress:
@@ -105,8 +105,8 @@ def _run_with_progress(
 
 
 def _report(paths: Any, compare: Any = None) -> None:
-    from atropos_cli.eval_report import render_eval_report
-    from atropos_cli.evaluate import load_metrics, read_samples
+    from atropos_cli.runs.evaluate import load_metrics, read_samples
+    from atropos_cli.runs.report import render_eval_report
 
     render_eval_report(paths.report, load_metrics(paths.root), read_samples(paths.samples), compare)
 
@@ -127,8 +127,8 @@ def _print_metrics(document: dict[str, Any]) -> None:
 
 
 def _compare(a: Path, b: Path, out: Path | None) -> None:
-    from atropos_cli.eval_metrics import compare_metrics
-    from atropos_cli.evaluate import EvalPaths, load_metrics, read_samples
+    from atropos_cli.runs.evaluate import EvalPaths, load_metrics, read_samples
+    from atropos_cli.runs.metrics import compare_metrics
 
     doc_a, doc_b = load_metrics(a), load_metrics(b)
     deltas = compare_metrics(doc_a["results"]["all"], doc_b["results"]["all"])
@@ -142,7 +142,7 @@ def _compare(a: Path, b: Path, out: Path | None) -> None:
         table.add_row(d.metric, _fmt(d.a, count), _fmt(d.b, count), delta, _fmt(d.stderr))
     console.print(table)
     if out is not None:
-        from atropos_cli.eval_report import render_eval_report
+        from atropos_cli.runs.report import render_eval_report
 
         path = render_eval_report(Path(out) / "compare.html", doc_b, read_samples(EvalPaths(b).samples),
                                   (str(a), str(b), deltas))  # fmt: skip

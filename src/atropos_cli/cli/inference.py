@@ -1,6 +1,6 @@
 """`atropos inference`: serve a local model (default: the shipped `atropos-tiny-arith`) over an
 OpenAI-compatible HTTP API, so any OpenAI client, Atropos env or `atropos process --openai.base_url` can use it.
-The server itself is `atropos_cli.inference_server.create_app`; this module parses flags and runs uvicorn."""
+The server itself is `atropos_cli.inference.server.create_app`; this module parses flags and runs uvicorn."""
 
 from __future__ import annotations
 
@@ -34,9 +34,9 @@ def inference_command(
     with cli_errors():
         import uvicorn
 
-        from atropos_cli.inference.base import ServerConfig
+        from atropos_cli.config import ServerConfig
         from atropos_cli.inference.local import LocalBackend
-        from atropos_cli.inference_server import create_app
+        from atropos_cli.inference.server import create_app
 
         config = ServerConfig(server_type="local", model_name=model, device=device, dtype=dtype)
         backend = LocalBackend(config, max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000)

@@ -16,7 +16,7 @@ def init_env_command(
     overwrite: Annotated[bool, typer.Option(help="Replace existing files.")] = False,
 ) -> None:
     """Write NAME.py (a declarative env: items, prompt, reward) and test_NAME.py; both pass as written."""
-    from atropos_cli.scaffold import scaffold_env
+    from atropos_cli.env.scaffold import scaffold_env
 
     with cli_errors():
         env_file, test_file = scaffold_env(name, out, overwrite=overwrite)

@@ -66,8 +66,8 @@ def process_command(
 
     With no server flags, ENV runs on the local backend with the shipped model atropos-tiny-arith.
     """
-    from atropos_cli.envsetup import load_env, uses_default_local_model
-    from atropos_cli.process_run import RunPaths, default_out_dir, prepare_output
+    from atropos_cli.env.loading import load_env, uses_default_local_model
+    from atropos_cli.runs.process import RunPaths, default_out_dir, prepare_output
 
     with cli_errors():
         overrides = plain_overrides(
@@ -95,7 +95,7 @@ def process_command(
 
 
 def _run_with_progress(loaded: Any, paths: Any, total: int, concurrency: int, skip: set[int]) -> Any:
-    from atropos_cli.process_run import run_process
+    from atropos_cli.runs.process import run_process
 
     columns = [
         TextColumn("[bold]{task.description}"),

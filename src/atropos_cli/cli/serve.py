@@ -49,8 +49,8 @@ def serve_command(
     Atropos-style dotted flags work too (--env.max_batches_offpolicy 2, --openai.base_url URL, ...).
     Ctrl-C stops cleanly: finished groups are posted or written to the spill file, never lost.
     """
-    from atropos_cli.envsetup import load_env
-    from atropos_cli.serve import ServeOptions, ServeStats, serve_env
+    from atropos_cli.env.loading import load_env
+    from atropos_cli.runs.serve import ServeOptions, ServeStats, serve_env
 
     seen: list[ServeStats] = []
 

@@ -29,11 +29,10 @@ def default_lr(model: str) -> float:
     return TINY_MODEL_LR if model == DEFAULT_MODEL else DEFAULT_LR
 
 
-def _load_trainer() -> Any:
-    from atropos_cli.resources import import_bundled_package
-
+def _load_trainer() -> None:
+    """The trainer needs torch; say how to get it instead of failing on the first import."""
     try:
-        return import_bundled_package("trainer", "atropos_trainer")
+        import torch  # noqa: F401
     except ImportError as exc:  # torch missing: the local extra is not installed
         raise fail(f"the trainer needs torch ({exc})", hint='pip install "atropos[local]"', code=2) from None
 
@@ -63,7 +62,7 @@ def _run_sft(
     sft: list[Path], model: str, out: Path, overwrite: bool, lr: float | None, steps: int | None, seed: int
 ) -> None:
     _load_trainer()
-    from atropos_trainer.sft import SFTConfig, run_sft
+    from atropos_cli.trainer.sft import SFTConfig, run_sft
 
     values: dict[str, Any] = {
         "data": [str(p) for p in sft],
@@ -174,7 +173,7 @@ def train_command(
         if inference not in ("local", "vllm", "external"):
             raise typer.BadParameter(f"{inference!r}: choose local, vllm or external", param_hint="--inference")
         _load_trainer()
-        from atropos_trainer.run import run_training
+        from atropos_cli.trainer.run import run_training
 
         grpo = _grpo_config(
             model=model,
@@ -244,7 +243,7 @@ def _validated(model_cls: Any, values: dict[str, Any]) -> Any:
 
 
 def _grpo_config(**values: Any) -> Any:
-    from atropos_trainer.grpo import GRPOConfig
+    from atropos_cli.trainer.grpo import GRPOConfig
 
     grpo = _validated(GRPOConfig, values)
     grpo.loss_config()  # an unknown --loss fails here, before any model loads
@@ -253,7 +252,7 @@ def _grpo_config(**values: Any) -> Any:
 
 
 def _run_options(**values: Any) -> Any:
-    from atropos_trainer.run import RunOptions
+    from atropos_cli.trainer.run import RunOptions
 
     return _validated(RunOptions, values)
 

@@ -20,7 +20,7 @@ from atropos_cli.cli.common import cli_errors, console, err_console, fail
 from atropos_cli.errors import AtroposError
 
 if TYPE_CHECKING:  # the readers are imported when a command runs, not for `--help`
-    from atropos_cli.readers import BadRecord, SourcedGroup
+    from atropos_cli.formats.reader import BadRecord, SourcedGroup
 
 MAX_WARNINGS = 20
 _SUFFIXES = (".gz", ".jsonl", ".json", ".parquet")
@@ -54,7 +54,7 @@ def default_title(inputs: list[str], files: list[Path]) -> str:
 
 def count_failures(files: list[Path]) -> int:
     """Failed rollouts recorded beside each run's groups file (RUN/failures.jsonl, one per line)."""
-    from atropos_cli.readers import RUN_FILES
+    from atropos_cli.formats.reader import RUN_FILES
 
     total = 0
     for directory in {f.parent for f in files if f.name in RUN_FILES}:
@@ -67,8 +67,8 @@ def count_failures(files: list[Path]) -> int:
 
 def render_view(inputs: list[str], out: Path | None, title: str | None = None) -> ViewResult:
     """Read `inputs`, write the page and say what went into it."""
-    from atropos_cli.readers import expand_inputs, iter_groups
-    from atropos_cli.writers.html import render_html
+    from atropos_cli.formats.html import render_html
+    from atropos_cli.formats.reader import expand_inputs, iter_groups
 
     files = expand_inputs(inputs)
     out_path = out if out is not None else default_out(inputs, files)

@@ -12,7 +12,7 @@ and routing live in `router.py`, not here.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -23,11 +23,7 @@ __all__ = [
     "Usage",
     "Generation",
     "InferenceBackend",
-    "ServerConfig",
-    "SERVER_TYPES",
 ]
-
-SERVER_TYPES = ("openai", "vllm", "sglang", "trl", "local")
 
 
 class SamplingParams(BaseModel):
@@ -95,26 +91,3 @@ class InferenceBackend(Protocol):
     async def complete(self, prompt: str | list[int], params: SamplingParams) -> Generation: ...
 
     async def aclose(self) -> None: ...
-
-
-class ServerConfig(BaseModel):
-    """One inference server: Atropos' `APIServerConfig` fields (same names, so `--openai.*` flags port over)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model_name: str = "default"
-    base_url: str = ""
-    api_key: str = ""
-    server_type: Literal["openai", "vllm", "sglang", "trl", "local"] = "openai"
-    tokenizer_name: str = "none"
-    timeout: float = Field(1200.0, gt=0)
-    num_max_requests_at_once: int = Field(512, ge=1)
-    num_requests_for_eval: int = Field(64, ge=1)
-    rolling_buffer_length: int = 1000
-    n_kwarg_is_ignored: bool = False
-    health_check: bool = True
-    max_retries: int = Field(3, ge=0)
-    weight: float = 1.0
-    # local backend only
-    device: str = "auto"
-    dtype: str = "auto"

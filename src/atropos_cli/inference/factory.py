@@ -6,7 +6,8 @@ every other server type (openai, vllm, sglang, trl) -> the OpenAI-compatible HTT
 
 from __future__ import annotations
 
-from atropos_cli.inference.base import InferenceBackend, ServerConfig
+from atropos_cli.config import ServerConfig
+from atropos_cli.inference.base import InferenceBackend
 
 __all__ = ["make_backend"]
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from atropos_cli.config import ServerConfig
 from atropos_cli.errors import ConfigError, InferenceError, ModelLoadError
-from atropos_cli.inference.base import Choice, Generation, SamplingParams, ServerConfig, Usage
+from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.inference.batching import RequestBatcher
 from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
 from atropos_cli.resources import resolve_model_path, shipped_models
@@ -99,7 +100,7 @@ def _looks_like_path(name: str) -> bool:
 
 def load_model(name: str, device: str, dtype: str) -> _Loaded:
     """Load tokenizer + model from a shipped short name, a directory or a hub id, with errors that say why."""
-    from atropos_cli.tokens import load_tokenizer
+    from atropos_cli.inference.tokenizer import load_tokenizer
 
     path = resolve_model_path(name)
     if not Path(path).exists() and _looks_like_path(path):

@@ -19,8 +19,9 @@ import contextlib
 import json
 from typing import Any, Literal
 
+from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadResponseError, InferenceError
-from atropos_cli.inference.base import Choice, Generation, SamplingParams, ServerConfig, Usage
+from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 
 __all__ = ["OpenAICompatBackend", "RetryableError", "parse_chat", "parse_completion"]
 

@@ -26,8 +26,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from atropos_cli.config import ServerConfig
 from atropos_cli.errors import InferenceError, ServerUnreachableError
-from atropos_cli.inference.base import Generation, InferenceBackend, SamplingParams, ServerConfig, Usage
+from atropos_cli.inference.base import Generation, InferenceBackend, SamplingParams, Usage
 from atropos_cli.inference.openai_compat import RetryableError
 
 __all__ = ["ServerManager", "MAX_N_COMPLETIONS"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 
-from atropos_cli.env import BaseEnv
+from atropos_cli.env.base import BaseEnv
 from atropos_cli.types import ScoredGroup
 
 

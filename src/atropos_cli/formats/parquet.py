@@ -44,9 +44,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from atropos_cli.errors import RecordError
+from atropos_cli.formats.jsonl import dumps_compact
+from atropos_cli.formats.text import clean_text, content_text, render_chat, split_completion
 from atropos_cli.types import GroupMeta, RolloutMeta, ScoredGroup
-from atropos_cli.writers.jsonl import dumps_compact
-from atropos_cli.writers.text import clean_text, content_text, render_chat, split_completion
 
 __all__ = [
     "write_parquet",

@@ -23,9 +23,9 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from atropos_cli.config import EnvConfig
+from atropos_cli.config import EnvConfig, ServerConfig
 from atropos_cli.errors import ConfigError
-from atropos_cli.inference.base import Generation, SamplingParams, ServerConfig
+from atropos_cli.inference.base import Generation, SamplingParams
 from atropos_cli.tokens import build_rollout_tokens
 from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup
 
@@ -103,7 +103,7 @@ class BaseEnv:
             self._tokenizer_loaded = True
             name = self.config.tokenizer_name or getattr(self.server, "tokenizer_name", None)
             if name and name != "none":
-                from atropos_cli.tokens import load_tokenizer
+                from atropos_cli.inference.tokenizer import load_tokenizer
 
                 self._tokenizer = load_tokenizer(name)
             else:

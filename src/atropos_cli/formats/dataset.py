@@ -22,9 +22,9 @@ from typing import Any, Literal
 import orjson
 import pyarrow as pa
 
-from atropos_cli.datagen import DatagenStats, DpoRow, SftRow, row_key, split_messages
+from atropos_cli.datagen.select import DatagenStats, DpoRow, SftRow, row_key, split_messages
 from atropos_cli.errors import ConfigError, OutputExistsError
-from atropos_cli.writers.jsonl import dumps_line
+from atropos_cli.formats.jsonl import dumps_line
 
 __all__ = [
     "SFT_FORMATS",

@@ -173,7 +173,7 @@ def _jsonl_results(path: Path) -> Iterator[tuple[int, ScoredGroup | str]]:
 
 
 def _parquet_results(path: Path) -> Iterator[tuple[str, ScoredGroup | str]]:
-    from atropos_cli.writers.parquet import iter_parquet_results
+    from atropos_cli.formats.parquet import iter_parquet_results
 
     for row, result in iter_parquet_results(path):
         yield f"{path}:row {row}", result

@@ -1,7 +1,8 @@
-"""Finding envs: by bundled name (`envs/*.py`), by entry point (group `atropos.envs`), or by path `file.py[:Class]`.
+"""Finding envs: by name (entry-point group `atropos.envs`: the bundled envs are this package's own entry points,
+installed plugins add theirs), by a bundled module's file name (`math_env`), or by path `file.py[:Class]`.
 
-`list_envs()` reads each bundled module's class attributes (name, description) by importing it; bundled env
-modules import nothing heavy at module level, so listing stays fast.
+`list_envs()` loads each entry point to read its class attributes (name, description); env modules import
+nothing heavy at module level, so listing stays fast.
 """
 
 from __future__ import annotations
@@ -12,18 +13,17 @@ import inspect
 import sys
 from dataclasses import dataclass
 from functools import cache
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 
-from atropos_cli.env import BaseEnv
+from atropos_cli.env.base import BaseEnv
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
-from atropos_cli.resources import bundled_dir, import_bundled_package
 
 __all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names"]
 
 ENTRY_POINT_GROUP = "atropos.envs"
-BUNDLED_PACKAGE = "atropos_envs"
+BUNDLED_PACKAGE = "atropos_cli.envs"
 
 
 @dataclass(frozen=True)
@@ -33,28 +33,39 @@ class EnvInfo:
     source: str
 
 
-def _bundled_modules() -> list[str]:
-    return sorted(p.stem for p in bundled_dir("envs").glob("*.py") if not p.stem.startswith("_"))
-
-
 @cache
-def _bundled_index() -> dict[str, str]:
-    """Env name -> module stem (a module may be named differently from its env, e.g. math_env -> math)."""
-    index: dict[str, str] = {}
-    for stem in _bundled_modules():
-        try:
-            classes = _env_classes(_import_bundled(stem))
-        except Exception:  # a broken bundled module still gets listed (by its file name) with its error
-            classes = []
-        for cls in classes or []:
-            index.setdefault(cls.name, stem)
-        if not classes:
-            index.setdefault(stem, stem)
-    return index
+def _entry_points() -> dict[str, EntryPoint]:
+    """Env name -> its entry point; the first one of a name wins (ours are listed with the package)."""
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def _is_bundled(ep: EntryPoint) -> bool:
+    return ep.value.startswith(BUNDLED_PACKAGE + ".")
 
 
 def bundled_env_names() -> list[str]:
-    return sorted(_bundled_index())
+    return sorted(name for name, ep in _entry_points().items() if _is_bundled(ep))
+
+
+def _bundled_module_stems() -> dict[str, str]:
+    """A bundled module's file name -> its env name (`math_env` -> `math`)."""
+    return {ep.module.rsplit(".", 1)[-1]: name for name, ep in _entry_points().items() if _is_bundled(ep)}
+
+
+def _load_entry_point(ep: EntryPoint, class_name: str | None) -> type[BaseEnv]:
+    try:
+        loaded = ep.load() if not class_name else importlib.import_module(ep.module)
+    except Exception as exc:  # a broken plugin (or bundled module): say which one
+        raise EnvLoadError(
+            f"entry point {ep.value!r} failed to load: {type(exc).__name__}: {exc}",
+            hint="reinstall the package that provides it, or fix the module",
+        ) from None
+    if inspect.isclass(loaded) and issubclass(loaded, BaseEnv):
+        return loaded
+    return _pick_class(loaded, class_name, f"entry point {ep.value!r}")
 
 
 def _env_classes(module: ModuleType) -> list[type[BaseEnv]]:
@@ -114,41 +125,21 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
-def _import_bundled(name: str) -> ModuleType:
-    import_bundled_package("envs", BUNDLED_PACKAGE)
-    return importlib.import_module(f"{BUNDLED_PACKAGE}.{name}")
-
-
 def resolve_env(spec: str) -> type[BaseEnv]:
-    """Turn `arithmetic`, `my_env.py`, `my_env.py:MyEnv` or an entry-point name into an env class."""
+    """Turn `arithmetic`, `math_env`, `my_env.py`, `my_env.py:MyEnv` or an entry-point name into an env class."""
     path_part, _, class_name = spec.partition(":")
     if path_part.endswith(".py") or "/" in path_part:
         path = Path(path_part)
         if not path.is_file():
             raise EnvNotFoundError(f"env file {path_part!r} does not exist", hint="check the path")
         return _pick_class(_import_file(path), class_name or None, path_part)
-    index = _bundled_index()
-    stem = index.get(path_part) or (path_part if path_part in _bundled_modules() else None)
-    if stem is not None:  # by env name (math), or by its module's file name (math_env)
-        module = _import_bundled(stem)
-        if not class_name:
-            matching = [c for c in _env_classes(module) if c.name == path_part]
-            if len(matching) == 1:
-                return matching[0]
-        return _pick_class(module, class_name or None, f"bundled env {path_part!r}")
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name == path_part:
-            try:
-                loaded = ep.load()
-            except Exception as exc:  # a broken third-party plugin: say which one
-                raise EnvLoadError(f"entry point {ep.value!r} failed to load: {exc}") from None
-            if inspect.isclass(loaded) and issubclass(loaded, BaseEnv):
-                return loaded
-            return _pick_class(loaded, class_name or None, f"entry point {ep.value!r}")
-    names = bundled_env_names()
+    name = path_part if path_part in _entry_points() else _bundled_module_stems().get(path_part)
+    if name is not None:
+        return _load_entry_point(_entry_points()[name], class_name or None)
     import difflib
 
-    close = difflib.get_close_matches(path_part, names, n=1)
+    names = bundled_env_names()
+    close = difflib.get_close_matches(path_part, list(_entry_points()), n=1)
     maybe = f"did you mean {close[0]!r}? " if close else ""
     raise EnvNotFoundError(
         f"unknown env {spec!r}",
@@ -159,14 +150,11 @@ def resolve_env(spec: str) -> type[BaseEnv]:
 def list_envs() -> list[EnvInfo]:
     """Bundled envs and installed entry points, each with its one-line description."""
     infos = []
-    for name in bundled_env_names():
+    for name, ep in sorted(_entry_points().items()):
         try:
             cls = resolve_env(name)
             description = cls.description or (inspect.getdoc(cls) or "").split("\n")[0]
-            name = cls.name if cls.name != "env" else name
         except (EnvLoadError, ImportError) as exc:
             description = f"(cannot load: {exc})"
-        infos.append(EnvInfo(name, description, "bundled"))
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        infos.append(EnvInfo(ep.name, ep.value, "entry point"))
+        infos.append(EnvInfo(name, description, "bundled" if _is_bundled(ep) else f"entry point {ep.value}"))
     return infos

@@ -28,9 +28,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from atropos_cli.api.client import ApiClient, ApiRequestError
-from atropos_cli.envsetup import LoadedEnv
+from atropos_cli.env.loading import LoadedEnv
 from atropos_cli.errors import AtroposError, ConfigError
-from atropos_cli.rollout import collect_group
+from atropos_cli.runs.rollout import collect_group
 from atropos_cli.types import RolloutFailure, ScoredGroup
 
 __all__ = ["ServeOptions", "ServeStats", "serve_env", "default_spill_path"]
@@ -105,7 +105,7 @@ class _Server:
     async def start(self) -> None:
         await self.env.setup()
         if self.cfg.data_path_to_save_groups:
-            from atropos_cli.writers.jsonl import JsonlWriter
+            from atropos_cli.formats.jsonl import JsonlWriter
 
             self.writer = JsonlWriter(self.cfg.data_path_to_save_groups, append=True)
         self._load_spill()
@@ -150,7 +150,7 @@ class _Server:
     def _load_spill(self) -> None:
         if not self.spill.exists():
             return
-        from atropos_cli.readers import parse_line
+        from atropos_cli.formats.reader import parse_line
 
         lines = self.spill.read_bytes().splitlines()
         groups = [g for g in map(parse_line, lines) if isinstance(g, ScoredGroup)]
@@ -351,7 +351,7 @@ class _Server:
         await self.client.close()
 
     def _write_spill(self, groups: list[ScoredGroup]) -> None:
-        from atropos_cli.writers.jsonl import JsonlWriter
+        from atropos_cli.formats.jsonl import JsonlWriter
 
         self.spill.parent.mkdir(parents=True, exist_ok=True)
         writer = JsonlWriter(self.spill, append=True)

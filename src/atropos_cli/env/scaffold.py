@@ -44,7 +44,7 @@ def scaffold_env(name: str, directory: Path, *, overwrite: bool = False) -> list
     """Render the env and its test into `directory`; returns the written paths."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    from atropos_cli.resources import bundled_dir
+    from atropos_cli.resources import templates_dir
 
     _check_name(name)
     directory = Path(directory)
@@ -53,7 +53,7 @@ def scaffold_env(name: str, directory: Path, *, overwrite: bool = False) -> list
     if taken and not overwrite:
         raise OutputExistsError(f"{str(taken[0])!r} already exists", hint="pass --overwrite, or pick another name")
     jinja = Environment(
-        loader=FileSystemLoader(bundled_dir("templates") / "init_env"),
+        loader=FileSystemLoader(templates_dir() / "init_env"),
         autoescape=False,  # the output is Python source, not HTML
         undefined=StrictUndefined,
         keep_trailing_newline=True,

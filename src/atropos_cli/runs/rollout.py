@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from atropos_cli.env import BaseEnv, Item, failure_sink, record_failure
+from atropos_cli.env.base import BaseEnv, Item, failure_sink, record_failure
 from atropos_cli.errors import AtroposError, ServerUnreachableError
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup
 

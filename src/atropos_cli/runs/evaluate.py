@@ -31,10 +31,10 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from atropos_cli.config import RunConfig
-from atropos_cli.env import BaseEnv, SimpleEnv
+from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ConfigError
-from atropos_cli.eval_metrics import ItemResult, summarise
-from atropos_cli.rundir import claim_output
+from atropos_cli.runs.metrics import ItemResult, summarise
+from atropos_cli.runs.rundir import claim_output
 from atropos_cli.types import Message
 
 __all__ = ["EvalPaths", "EvalSample", "EvalStats", "prepare_eval_dir", "run_eval", "read_samples", "load_metrics"]
@@ -183,8 +183,8 @@ async def run_eval(
     on_progress: Callable[[EvalStats], None] = lambda stats: None,
 ) -> EvalStats:
     """Run the eval split with `concurrency` items in flight; write samples as each item finishes."""
-    from atropos_cli.rollout import collect_group
-    from atropos_cli.writers.jsonl import JsonlWriter
+    from atropos_cli.formats.jsonl import JsonlWriter
+    from atropos_cli.runs.rollout import collect_group
 
     env: BaseEnv = loaded.env
     skip = skip or set()

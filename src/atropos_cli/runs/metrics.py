@@ -5,7 +5,7 @@ which c are correct, the probability that at least one of k samples drawn withou
 `1 - C(n-c, k) / C(n, k)`; averaged over items it is an unbiased estimate of pass@k, unlike `1 - (1-p)^k`.
 Standard errors are over items: sample standard deviation of the per-item values / sqrt(#items).
 
-Used by `atropos_cli.evaluate` (metrics.json) and `atropos evaluate --compare`.
+Used by `atropos_cli.runs.evaluate` (metrics.json) and `atropos evaluate --compare`.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from atropos_cli.eval_metrics import MetricDelta
-from atropos_cli.writers.html import load_template
+from atropos_cli.formats.html import load_template
+from atropos_cli.runs.metrics import MetricDelta
 
 __all__ = ["render_eval_report", "MAX_SAMPLES"]
 

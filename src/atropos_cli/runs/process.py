@@ -28,9 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atropos_cli.config import RunConfig
-from atropos_cli.envsetup import LoadedEnv
-from atropos_cli.rollout import GroupOutcome, run_groups
-from atropos_cli.rundir import claim_output
+from atropos_cli.env.loading import LoadedEnv
+from atropos_cli.runs.rollout import GroupOutcome, run_groups
+from atropos_cli.runs.rundir import claim_output
 
 __all__ = ["RunPaths", "ProcessStats", "prepare_output", "run_process", "default_out_dir"]
 
@@ -116,7 +116,7 @@ def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
 
 def _done_indices(paths: RunPaths) -> set[int]:
     """Item indices already in groups.jsonl (and filtered in failures.jsonl); also drops a torn last line."""
-    from atropos_cli.readers import iter_groups
+    from atropos_cli.formats.reader import iter_groups
 
     done: set[int] = set()
     if paths.groups.exists():
@@ -157,7 +157,7 @@ async def run_process(
     on_progress: Callable[[ProcessStats], None] = lambda stats: None,
 ) -> ProcessStats:
     """Set up the env, run the groups concurrently, stream them to jsonl; then parquet + HTML."""
-    from atropos_cli.writers.jsonl import JsonlWriter
+    from atropos_cli.formats.jsonl import JsonlWriter
 
     stats = ProcessStats(resumed_groups=len(skip))
     stop = asyncio.Event()
@@ -211,9 +211,9 @@ def _install_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
 
 def finish_outputs(paths: RunPaths) -> None:
     """Rewrite groups.parquet and index.html from groups.jsonl (the durable record)."""
-    from atropos_cli.readers import iter_groups
-    from atropos_cli.writers.html import render_html
-    from atropos_cli.writers.parquet import write_parquet
+    from atropos_cli.formats.html import render_html
+    from atropos_cli.formats.parquet import write_parquet
+    from atropos_cli.formats.reader import iter_groups
 
     if not paths.groups.exists():
         return

@@ -21,10 +21,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from atropos_cli.readers import BadRecord, SourcedGroup
+from atropos_cli.formats.jsonl import dumps_compact
+from atropos_cli.formats.reader import BadRecord, SourcedGroup
+from atropos_cli.formats.text import content_text
 from atropos_cli.types import ScoredGroup
-from atropos_cli.writers.jsonl import dumps_compact
-from atropos_cli.writers.text import content_text
 
 __all__ = ["render_html", "PAGE_SIZE", "source_label", "embed_json"]
 
@@ -207,10 +207,10 @@ def load_template(name: str = TEMPLATE) -> Any:
     """A template from the bundled templates/ folder, in the one Jinja environment (autoescape on) of our pages."""
     from jinja2 import Environment, FileSystemLoader, StrictUndefined
 
-    from atropos_cli.resources import bundled_dir
+    from atropos_cli.resources import templates_dir
 
     env = Environment(
-        loader=FileSystemLoader(bundled_dir("templates")),
+        loader=FileSystemLoader(templates_dir()),
         autoescape=True,
         undefined=StrictUndefined,
         keep_trailing_newline=True,

@@ -10,10 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from atropos_cli.config import EnvConfig, RunConfig, load_yaml, parse_dotted_flags, resolve_config
-from atropos_cli.env import BaseEnv
-from atropos_cli.inference.base import ServerConfig
-from atropos_cli.registry import resolve_env
+from atropos_cli.config import EnvConfig, RunConfig, ServerConfig, load_yaml, parse_dotted_flags, resolve_config
+from atropos_cli.env.base import BaseEnv
+from atropos_cli.env.registry import resolve_env
 from atropos_cli.resources import DEFAULT_MODEL
 
 __all__ = ["LoadedEnv", "load_env", "resolve_run_config", "uses_default_local_model"]
