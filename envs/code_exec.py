@@ -23,10 +23,9 @@ from typing import Any, ClassVar
 from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
 from atropos_cli.env.sandbox import SandboxLimits
-from atropos_cli.resources import envs_data_dir
 
 from ._shared.codecheck import check_solution, check_solution_async
-from ._shared.data import check_columns, cycle_shuffled, load_hub_records, load_local_records
+from ._shared.data import BUNDLED_DATA, check_columns, cycle_shuffled, load_hub_records, load_local_records
 
 REQUIRED_COLUMNS = ("text", "test_list")
 
@@ -67,7 +66,7 @@ class CodeEnv(SimpleEnv):
             hub_split = "train" if split == "train" else "test"
             rows, source = load_hub_records(config.dataset_name, None, hub_split), config.dataset_name
         else:
-            path = envs_data_dir() / "code_problems.jsonl"
+            path = BUNDLED_DATA / "code_problems.jsonl"
             rows, source = load_local_records(path), "the bundled problem set"
         check_columns(rows, REQUIRED_COLUMNS, source)
         return rows

@@ -26,9 +26,8 @@ from typing import Any, ClassVar, Literal
 
 from atropos_cli.config import EnvConfig, ServerConfig
 from atropos_cli.env.base import SimpleEnv, record_failure
-from atropos_cli.resources import envs_data_dir
 
-from ._shared.data import check_columns, cycle_shuffled, load_local_records
+from ._shared.data import BUNDLED_DATA, check_columns, cycle_shuffled, load_local_records
 from ._shared.judging import (
     JudgeOutputError,
     pair_scores,
@@ -90,7 +89,7 @@ class JudgeEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: JudgeConfig = self.config  # type: ignore[assignment]
-        path = config.data_path or envs_data_dir() / "judge_prompts.jsonl"
+        path = config.data_path or BUNDLED_DATA / "judge_prompts.jsonl"
         rows = load_local_records(path)
         check_columns(rows, ("prompt",), repr(str(path)))
         pairs: Iterator[tuple[int, dict[str, Any]]]

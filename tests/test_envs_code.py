@@ -97,10 +97,10 @@ def test_code_mbpp_style_loader(tmp_path):
 def test_bundled_problems_pass_with_their_reference_solutions():
     import json
 
-    from atropos_cli.resources import envs_data_dir
+    from atropos_cli.envs._shared.data import BUNDLED_DATA
 
     env = make_env()
-    rows = [json.loads(line) for line in (envs_data_dir() / "code_problems.jsonl").open()]
+    rows = [json.loads(line) for line in (BUNDLED_DATA / "code_problems.jsonl").open()]
     items = list(env.items("eval"))
     assert len(items) == len(rows) >= 10
     for row, item in zip(rows, items, strict=True):

@@ -85,9 +85,9 @@ def test_tool_calling(fake_server, tmp_path):
 
 
 def test_code_runs_solutions_in_the_sandbox(fake_server, tmp_path):
-    from atropos_cli.resources import envs_data_dir
+    from atropos_cli.envs._shared.data import BUNDLED_DATA
 
-    rows = [json.loads(x) for x in (envs_data_dir() / "code_problems.jsonl").open()]
+    rows = [json.loads(x) for x in (BUNDLED_DATA / "code_problems.jsonl").open()]
     reference = {r["text"]: r["code"] for r in rows}
     groups = run_with_book(fake_server, tmp_path, "code", lambda i: f"```python\n{reference[i['text']]}\n```")
     assert all(g["scores"] == [1.0, 1.0] for g in groups)

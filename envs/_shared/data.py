@@ -15,7 +15,9 @@ from typing import Any
 
 from atropos_cli.errors import ConfigError
 
-__all__ = ["load_local_records", "load_hub_records", "check_columns", "cycle_shuffled"]
+__all__ = ["BUNDLED_DATA", "load_local_records", "load_hub_records", "check_columns", "cycle_shuffled"]
+
+BUNDLED_DATA = Path(__file__).resolve().parents[1] / "_data"  # the bundled envs' own data files (envs/_data)
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
 

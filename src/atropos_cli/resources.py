@@ -1,4 +1,4 @@
-"""Where the shipped models, the Jinja templates and the bundled envs' data files live.
+"""Where the shipped models and the Jinja templates live.
 
 `templates/`, `envs/` and `trainer/` are top-level folders of the repo that install as the subpackages
 `atropos_cli.templates`, `atropos_cli.envs` and `atropos_cli.trainer` (setuptools `package-dir` in
@@ -13,7 +13,6 @@ __all__ = [
     "PACKAGE_DIR",
     "DEFAULT_MODEL",
     "templates_dir",
-    "envs_data_dir",
     "shipped_models",
     "resolve_model_path",
 ]
@@ -26,13 +25,6 @@ def templates_dir() -> Path:
     import atropos_cli.templates
 
     return Path(atropos_cli.templates.__file__).resolve().parent
-
-
-def envs_data_dir() -> Path:
-    """The data files of the bundled envs (`envs/_data`)."""
-    import atropos_cli.envs
-
-    return Path(atropos_cli.envs.__file__).resolve().parent / "_data"
 
 
 SHIPPED_MODELS_DIR = PACKAGE_DIR / "models"
