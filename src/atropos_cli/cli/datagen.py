@@ -1,7 +1,7 @@
 """`atropos sft-gen` and `atropos dpo-gen`: rejection sampling from rollout files (or a live API) into datasets.
 
 Flow: inputs (readers.iter_groups over run dirs / jsonl / parquet / globs, or api_source.iter_api_groups)
-──► datagen.select_sft / select_dpo ──► dataset_writer (OUT/train.jsonl, OUT/train.parquet, OUT/README.md)
+──► datagen.select_sft / select_dpo ──► formats.dataset (OUT/train.jsonl, OUT/train.parquet, OUT/README.md)
 ──► a summary table of groups read, rows written and rollouts dropped by reason.
 """
 

@@ -1,8 +1,8 @@
 """Rejection sampling: SFT rows and DPO pairs from scored groups, with a count of every rollout left out and why.
 
-Sits between the readers (rollout files, or a live trajectory API) and `dataset_writer`:
+Sits between the readers (rollout files, or a live trajectory API) and `formats.dataset`:
 
-    iter_groups(...) / iter_api_groups(...) ──► select_sft / select_dpo ──► SftRow / DpoRow ──► dataset_writer
+    iter_groups(...) / iter_api_groups(...) ──► select_sft / select_dpo ──► SftRow / DpoRow ──► formats.dataset
 
 The selection rules follow Atropos' `atropos-sft-gen` / `atropos-dpo-gen` (spec §5), made deterministic and
 streaming (one group at a time; dedupe keeps only a set of 64-bit hashes). Every rollout read is accounted for
