@@ -34,7 +34,7 @@ def plot_reward_curve(out: Path, title: str | None = None) -> Path:
     except ImportError:
         raise ConfigError(
             "--plot needs matplotlib, which is not installed",
-            hint='pip install matplotlib (or "atropos[local]"); metrics.jsonl has the numbers either way',
+            hint='pip install "atropos[plot]" (matplotlib); metrics.jsonl has the numbers either way',
         ) from None
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     if not rows:
