@@ -2,10 +2,10 @@
 
 Where it sits: `atropos train --data PATH` uses `file_batches` (offline GRPO on rollouts written by
 `atropos process`: each step takes the next `groups_per_step` groups, reshuffled each epoch with the seed);
-`atropos train --api-url URL` uses `api_batches`, which speaks Atropos' trainer protocol (spec §3.5):
-`POST /register` once, then `GET /batch` in a loop, one batch = one optimizer step. `{"batch": null}` means
-"not enough data yet": it polls, and gives up with a clear error after `wait_timeout` seconds without data,
-so a dead env never leaves the trainer hanging silently.
+`atropos train --api-url URL` uses `api_batches`, the trainer side of `atropos_cli.api.client` (`POST /register`
+once, then `GET /batch` in a loop), one batch = one optimizer step. It polls while the API has no batch yet, and
+gives up with a clear error after `wait_timeout` seconds without data, so a dead env never leaves the trainer
+hanging silently.
 """
 
 from __future__ import annotations
@@ -15,9 +15,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from pydantic import ValidationError
-
-from atropos_cli.api.trainer_client import TrainerRegistration, iter_raw_batches
+from atropos_cli.api.client import TrainerRegistration, iter_batches
 from atropos_cli.errors import AtroposError, RecordError
 from atropos_cli.formats.reader import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
@@ -72,15 +70,12 @@ def api_batches(
         num_steps=num_steps,
     )
     started = time.monotonic()
-    for batch in iter_raw_batches(
+    for batch in iter_batches(
         url, registration, api_key=api_key, idle_timeout=wait_timeout, poll_interval=poll_interval
     ):
-        try:
-            yield [ScoredGroup.model_validate(raw) for raw in batch]
-        except ValidationError as exc:
-            raise RecordError(f"GET /batch returned an invalid group: {exc.errors()[0]['msg']}") from None
+        yield batch
         started = time.monotonic()
-    raise ApiWaitTimeout(  # iter_raw_batches ends only when no batch came for wait_timeout seconds
+    raise ApiWaitTimeout(  # iter_batches ends only when no batch came for wait_timeout seconds
         f"no batch from the trajectory API at {url!r} for {time.monotonic() - started:.0f}s",
         hint="check that env workers run (`atropos serve ENV --api-url ...`) and post groups; "
         "raise --wait-timeout for slow envs",

@@ -1,30 +1,52 @@
-"""Async client of the trajectory API (ours or atroposlib's `run-api`), used by `atropos serve` and trainers.
+"""The one client of the trajectory API (ours or atroposlib's `run-api`), for both of its sides.
+
+Env side (`atropos serve`): `register_env`, `post_groups`, `status_env`, `disconnect_env`. Trainer side
+(`atropos train --api-url`, `sft-gen` / `dpo-gen --api-url`): `register`, `next_batch` (polls `GET /batch`
+until data comes or `idle_timeout` passes: `{"batch": null}` means "not enough data yet"), and the blocking
+`iter_batches` / `iter_api_groups` over them for callers that are not async. `GET /reset_data` wipes a live
+run's queue, so it is only sent when asked (`reset=True`).
 
 It speaks the Atropos wire: `/status-env` as a GET with a JSON body, group bodies gzip-compressed when large,
-the bearer token on every request. Transient trouble is retried with capped exponential backoff: connection
-errors (API down or restarting), 5xx, and 503 (queue full; its `Retry-After` is honoured), so a full queue
-slows the producer down instead of dropping work. A 4xx other than 503 is the caller's bug and raises
-`ApiRequestError` at once with the server's message.
+the bearer token on every request. On the env side transient trouble is retried after `retry.Backoff`'s
+delay: connection errors (API down or restarting), 5xx, and 503 (queue full; its `Retry-After` is honoured),
+so a full queue slows the producer down instead of dropping work. The trainer side fails fast (a trainer
+with no API has nothing to wait for). A 4xx other than 503 is the caller's bug and raises `ApiRequestError`
+at once with the server's message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import orjson
+from pydantic import BaseModel, ValidationError
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import AtroposError, RecordError
+from atropos_cli.retry import Backoff, parse_retry_after
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["ApiClient", "ApiRequestError", "ApiUnavailableError", "GZIP_MIN_BYTES"]
+__all__ = [
+    "ApiClient",
+    "ApiGroup",
+    "ApiRequestError",
+    "ApiSourceOptions",
+    "ApiUnavailableError",
+    "GZIP_MIN_BYTES",
+    "TrainerRegistration",
+    "iter_api_groups",
+    "iter_batches",
+]
 
 GZIP_MIN_BYTES = 1024  # as Atropos' env client: smaller bodies are not worth compressing
+_UNREACHABLE_HINT = "start it with `atropos api` (or Atropos' `run-api`) and check --api-url"
+_AUTH_HINT = "pass the API's key with --api-key (or set ATROPOS_API_KEY)"
 
 
 class ApiRequestError(AtroposError):
@@ -39,10 +61,26 @@ class ApiUnavailableError(AtroposError):
     """The API could not be reached (or stayed busy) for longer than the client's `max_wait_s`."""
 
 
+class TrainerRegistration(BaseModel):
+    """The body of `POST /register` (Atropos' `Registration`)."""
+
+    wandb_group: str = "atropos"
+    wandb_project: str = "atropos"
+    batch_size: int
+    max_token_len: int = 2048
+    checkpoint_dir: str = "checkpoints"
+    save_checkpoint_interval: int = 0
+    starting_step: int = 0
+    num_steps: int = 1000
+
+
 RetryHook = Callable[[str, float], None]
+OnBad = Callable[[str, str], None]
 
 
 class ApiClient:
+    """Async client of one trajectory API; every method is one endpoint (see the module docstring)."""
+
     def __init__(
         self,
         base_url: str,
@@ -50,14 +88,14 @@ class ApiClient:
         *,
         timeout_s: float = 60.0,
         max_wait_s: float | None = None,
-        backoff_max_s: float = 10.0,
+        backoff: Backoff = Backoff(base_s=0.5, max_s=10.0),
         on_retry: RetryHook | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
         self.max_wait_s = max_wait_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = backoff
         self.on_retry = on_retry
 
     async def __aenter__(self) -> ApiClient:
@@ -78,37 +116,45 @@ class ApiClient:
             try:
                 resp = await self.http.request(method, path, content=content, headers=headers)
             except httpx.TransportError as exc:
+                reason = f"cannot reach the trajectory API at {self.base_url} ({type(exc).__name__})"
                 if not retry:
-                    raise ApiUnavailableError(f"cannot reach the API at {self.base_url}: {exc!r}") from None
-                reason, delay = f"cannot reach {self.base_url} ({type(exc).__name__})", None
+                    raise ApiUnavailableError(reason, hint=_UNREACHABLE_HINT) from None
+                delay = self.backoff.delay(attempt)
             else:
                 if resp.status_code < 400:
                     return _decode(resp)
                 if resp.status_code < 500 or not retry:
-                    if resp.status_code == 503 and not retry:
-                        raise ApiUnavailableError(_message(resp), hint="the API queue is full; retry later")
-                    raise ApiRequestError(f"{method} {path}: {_message(resp)}", resp.status_code, _hint(resp))
+                    raise _refusal(method, path, resp)
                 reason = f"{method} {path} got {resp.status_code}: {_message(resp)}"
-                delay = _retry_after(resp)
+                delay = self.backoff.delay(attempt, parse_retry_after(resp.headers.get("retry-after")))
             attempt += 1
-            delay = delay if delay is not None else min(self.backoff_max_s, 0.25 * 2**attempt)
-            delay *= 1 + 0.1 * random.random()  # jitter: many envs must not retry in lockstep
             if self.max_wait_s is not None and time.monotonic() - start + delay > self.max_wait_s:
                 raise ApiUnavailableError(
-                    f"gave up after {time.monotonic() - start:.0f} s: {reason}",
-                    hint="is `atropos api` running at that URL (--api-url)?",
+                    f"gave up after {time.monotonic() - start:.0f} s: {reason}", _UNREACHABLE_HINT
                 )
             if self.on_retry:
                 self.on_retry(reason, delay)
             await asyncio.sleep(delay)
 
     # ---- trainer side -------------------------------------------------------------------------------
-    async def register(self, registration: dict[str, Any]) -> int:
-        return int((await self.request("POST", "/register", registration))["uuid"])
+    async def register(self, registration: TrainerRegistration, *, reset: bool = False) -> dict[str, Any]:
+        """POST /register as the trainer (after `GET /reset_data` when `reset`, which wipes the queue)."""
+        if reset:
+            await self.request("GET", "/reset_data", retry=False)
+        return await self.request("POST", "/register", registration.model_dump(), retry=False)
 
     async def get_batch(self) -> list[dict[str, Any]] | None:
         """The next batch (a list of ScoredData dicts), or None when the queue cannot fill one yet."""
-        return (await self.request("GET", "/batch")).get("batch")
+        return _batch_of(await self.request("GET", "/batch", retry=False))
+
+    async def next_batch(self, idle_timeout: float, poll_s: float = 1.0) -> list[dict[str, Any]] | None:
+        """Poll GET /batch until it has data; None once `idle_timeout` seconds passed without any."""
+        deadline = time.monotonic() + idle_timeout
+        while (batch := await self.get_batch()) is None:
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(poll_s)
+        return batch
 
     # ---- env side -----------------------------------------------------------------------------------
     async def register_env(
@@ -148,6 +194,126 @@ class ApiClient:
         return await self.request("POST", "/scored_data_list", payloads)
 
 
+# ---- the trainer side for blocking callers ----------------------------------------------------------
+
+
+def iter_batches(
+    url: str,
+    registration: TrainerRegistration,
+    *,
+    api_key: str | None = None,
+    idle_timeout: float = 30.0,
+    poll_interval: float = 1.0,
+    reset: bool = False,
+    timeout: float = 30.0,
+    on_bad: OnBad | None = None,
+) -> Iterator[list[ScoredGroup]]:
+    """Register as the trainer and yield each batch's valid groups; return after `idle_timeout` s without data.
+
+    A group that does not validate goes to `on_bad(location, reason)` (counted and skipped by the caller), or
+    raises RecordError when no callback is given. The caller stops early by not asking for the next batch
+    (closing the generator closes the connection).
+    """
+    loop = asyncio.new_event_loop()  # private: this generator may be driven from any synchronous code
+    client = ApiClient(url, api_key, timeout_s=timeout)
+    index = 0
+    try:
+        loop.run_until_complete(client.register(registration, reset=reset))
+        while (raw := loop.run_until_complete(client.next_batch(idle_timeout, poll_interval))) is not None:
+            groups = _valid_groups(raw, client.base_url, index, on_bad)
+            index += len(raw)
+            if groups:
+                yield groups
+    finally:
+        # RuntimeError: closed from inside another running loop (garbage collection); the loop goes anyway
+        with contextlib.suppress(RuntimeError):
+            loop.run_until_complete(client.close())
+        loop.close()
+
+
+@dataclass
+class ApiGroup:
+    """A group from the API, shaped like the readers' `SourcedGroup` (source = the URL, index = arrival order)."""
+
+    source: str
+    index: int
+    group: ScoredGroup
+
+
+class ApiSourceOptions(BaseModel):
+    """Where `sft-gen` / `dpo-gen --api-url` pull groups from, registered as a trainer of this shape."""
+
+    url: str
+    api_key: str | None = None
+    batch_size: int = 16
+    max_token_len: int = 2048
+    num_steps: int = 1000
+    idle_timeout: float = 30.0
+    poll_interval: float = 1.0
+    reset: bool = False
+    timeout: float = 30.0
+
+
+def iter_api_groups(options: ApiSourceOptions, *, on_bad: OnBad | None = None) -> Iterator[ApiGroup]:
+    """Every group of every batch, in arrival order, until the API stays idle for `options.idle_timeout`."""
+    registration = TrainerRegistration(
+        wandb_group="atropos-datagen",
+        wandb_project="atropos-datagen",
+        batch_size=options.batch_size,
+        max_token_len=options.max_token_len,
+        num_steps=options.num_steps,
+    )
+    source = options.url.rstrip("/")
+    batches = iter_batches(
+        source,
+        registration,
+        api_key=options.api_key,
+        idle_timeout=options.idle_timeout,
+        poll_interval=options.poll_interval,
+        reset=options.reset,
+        timeout=options.timeout,
+        on_bad=on_bad,
+    )
+    index = 0
+    for batch in batches:
+        for group in batch:
+            yield ApiGroup(source, index, group)
+            index += 1
+
+
+def _valid_groups(raw: list[dict[str, Any]], source: str, first: int, on_bad: OnBad | None) -> list[ScoredGroup]:
+    groups = []
+    for offset, data in enumerate(raw):
+        try:
+            groups.append(ScoredGroup.model_validate(data))
+        except ValidationError as exc:
+            location, reason = f"{source}#group {first + offset}", f"not a valid group: {exc.errors()[0]['msg']}"
+            if on_bad is None:
+                raise RecordError(f"{location}: {reason}", hint="the env posting it is broken") from None
+            on_bad(location, reason)
+    return groups
+
+
+def _batch_of(payload: Any) -> list[dict[str, Any]] | None:
+    if not isinstance(payload, dict):
+        raise RecordError(f"GET /batch returned {type(payload).__name__}, expected a JSON object")
+    if payload.get("status") == "error":
+        raise RecordError(f"the trajectory API refused GET /batch: {payload.get('message')!r}")
+    batch = payload.get("batch")
+    if batch is not None and not isinstance(batch, list):
+        raise RecordError(f"GET /batch returned batch={type(batch).__name__}, expected a list or null")
+    return batch or None
+
+
+def _refusal(method: str, path: str, resp: httpx.Response) -> AtroposError:
+    status = resp.status_code
+    message = f"the trajectory API answered {method} {path} with HTTP {status}: {_message(resp)}"
+    if status == 503:
+        return ApiUnavailableError(message, hint="the API queue is full; retry later")
+    hint = _hint(resp) or (_AUTH_HINT if status in (401, 403) else None)
+    return ApiRequestError(message, status, hint)
+
+
 def _encode(body: Any) -> tuple[bytes | None, dict[str, str]]:
     if body is None:
         return None, {}
@@ -182,11 +348,3 @@ def _hint(resp: httpx.Response) -> str | None:
     except ValueError:
         return None
     return data.get("hint") if isinstance(data, dict) else None
-
-
-def _retry_after(resp: httpx.Response) -> float | None:
-    value = resp.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None

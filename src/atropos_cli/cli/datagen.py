@@ -1,6 +1,6 @@
 """`atropos sft-gen` and `atropos dpo-gen`: rejection sampling from rollout files (or a live API) into datasets.
 
-Flow: inputs (readers.iter_groups over run dirs / jsonl / parquet / globs, or api_source.iter_api_groups)
+Flow: inputs (readers.iter_groups over run dirs / jsonl / parquet / globs, or api.client.iter_api_groups)
 ──► datagen.select_sft / select_dpo ──► formats.dataset (OUT/train.jsonl, OUT/train.parquet, OUT/README.md)
 ──► a summary table of groups read, rows written and rollouts dropped by reason.
 """
@@ -167,7 +167,7 @@ def _api_options(
         if reset:
             raise fail("--reset only applies to --api-url", "drop --reset, or pass --api-url URL", code=2)
         return None
-    from atropos_cli.api.source import ApiSourceOptions
+    from atropos_cli.api.client import ApiSourceOptions
 
     return ApiSourceOptions(
         url=url, api_key=key, reset=reset, idle_timeout=idle, batch_size=batch_size, max_token_len=max_len or 2048
@@ -198,7 +198,7 @@ def _groups(inputs: list[str], api: Any, strict: bool, bad: _BadLines) -> Iterat
 
         yield from iter_groups(expand_inputs(inputs), strict=strict, on_bad=None if strict else bad)
     if api is not None:
-        from atropos_cli.api.source import iter_api_groups
+        from atropos_cli.api.client import iter_api_groups
 
         yield from iter_api_groups(api, on_bad=None if strict else bad)
 

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadResponseError, InferenceError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
+from atropos_cli.retry import parse_retry_after
 
 __all__ = ["OpenAICompatBackend", "RetryableError", "parse_chat", "parse_completion"]
 
@@ -175,7 +176,7 @@ def map_openai_error(exc: Any, url: str) -> InferenceError:
                 url=url,
                 kind="status",
                 status=status,
-                retry_after=_retry_after(exc.response.headers.get("retry-after")),
+                retry_after=parse_retry_after(exc.response.headers.get("retry-after")),
             )
         return BadResponseError(
             f"inference server at {url!r} rejected the request: HTTP {status}: {detail}", hint=_hint(status)
@@ -198,13 +199,6 @@ def _hint(status: int) -> str:
     if status == 404:
         return "check --openai.model_name and that --openai.base_url ends with /v1"
     return "check the sampling arguments and --openai.model_name against what the server accepts"
-
-
-def _retry_after(value: str | None) -> float | None:
-    try:
-        return max(0.0, float(value)) if value is not None else None
-    except ValueError:  # an HTTP date: rare from inference servers; fall back to our own backoff
-        return None
 
 
 def _json_body(content: bytes, url: str) -> dict[str, Any]:

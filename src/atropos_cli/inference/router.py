@@ -6,8 +6,8 @@ It sits between environments and backends and owns everything about *getting* an
   split (`num_max_requests_at_once` for "train", `num_requests_for_eval` for "eval"), so in-flight requests
   are bounded; when every server is full, callers wait for a slot;
 - retries: 429, 5xx, timeouts and connection errors (`RetryableError`) are retried up to `max_retries` times
-  with exponential backoff and jitter (or the server's Retry-After), and a failing server cools down so the
-  retry goes to another one if there is one; other errors are raised at once;
+  after `retry.Backoff`'s delay (exponential with jitter, or the server's Retry-After), and a failing server
+  cools down so the retry goes to another one if there is one; other errors are raised at once;
 - `n`: requests for more than `max_n_completions` (8) choices are split into parallel sub-requests; a server
   that answers fewer choices than asked (provider ignores `n`) gets the missing ones as parallel n=1
   requests and is remembered (`n_kwarg_is_ignored`), as Atropos does.
@@ -18,7 +18,6 @@ Backends only translate one request; they never retry (see `openai_compat.py`, `
 from __future__ import annotations
 
 import asyncio
-import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from atropos_cli.config import ServerConfig
 from atropos_cli.errors import InferenceError, ServerUnreachableError
 from atropos_cli.inference.base import Generation, InferenceBackend, SamplingParams, Usage
 from atropos_cli.inference.openai_compat import RetryableError
+from atropos_cli.retry import Backoff
 
 __all__ = ["ServerManager", "MAX_N_COMPLETIONS"]
 
 MAX_N_COMPLETIONS = 8
-RETRY_AFTER_MAX_S = 60.0
 SPLITS = ("train", "eval")
 # Atropos env code passes these; `model` is fixed per server, so it is accepted and ignored.
 _IGNORED_KWARGS = frozenset({"model"})
@@ -99,8 +98,7 @@ class ServerManager:
         if len(backends) != len(configs):
             raise InferenceError(f"got {len(backends)} backends for {len(configs)} server configs")
         self.configs = list(configs)
-        self.backoff_base_s = backoff_base_s
-        self.backoff_max_s = backoff_max_s
+        self.backoff = Backoff(backoff_base_s, backoff_max_s)
         self.max_n_completions = max_n_completions
         self._servers = [
             _Server(
@@ -260,7 +258,7 @@ class ServerManager:
                 generation = await self._send(server, call, params)
             except RetryableError as exc:
                 last = exc
-                server.down_until = time.monotonic() + self._delay(attempt, exc)
+                server.down_until = time.monotonic() + self.backoff.delay(attempt, exc.retry_after)
             finally:
                 self._release(server, split)
             if generation is not None:
@@ -293,12 +291,6 @@ class ServerManager:
         if missing < 0:
             generation = generation.model_copy(update={"choices": generation.choices[: params.n]})
         return generation
-
-    def _delay(self, attempt: int, exc: RetryableError) -> float:
-        if exc.retry_after is not None:  # the server knows best; only an absurd value is capped
-            return min(exc.retry_after, RETRY_AFTER_MAX_S)
-        ceiling = min(self.backoff_max_s, self.backoff_base_s * 2**attempt)
-        return ceiling * (0.5 + random.random() / 2)  # jitter: retries of many requests do not move in lockstep
 
     async def _wait_for_healthy(self) -> None:
         """Sleep until the first failing server's cool-down ends (no sleep if some server is healthy)."""
