@@ -77,7 +77,7 @@ def test_train_from_files_checkpoints_metrics_and_resume(tiny_model: Path, tmp_p
         run_training(opts.model_copy(update={"resume": True}), _config(tiny_model, out, steps=4, loss="dapo"), print)
 
 
-def _register(url: str, batch_size: int) -> None:
+def _register(url: str, batch_size: int, headers: dict[str, str] | None = None) -> None:
     body = {
         "wandb_group": "t",
         "wandb_project": "t",
@@ -88,14 +88,17 @@ def _register(url: str, batch_size: int) -> None:
         "starting_step": 0,
         "num_steps": 2,
     }
-    httpx.post(f"{url}/register", json=body).raise_for_status()
+    httpx.post(f"{url}/register", json=body, headers=headers).raise_for_status()
 
 
-def test_train_behind_a_trajectory_api(tiny_model: Path, tmp_path: Path, trajectory_api):
-    with trajectory_api() as api:
-        _register(api.url, batch_size=8)
+def test_train_behind_a_trajectory_api(tiny_model: Path, tmp_path: Path, trajectory_api, monkeypatch):
+    monkeypatch.setenv("ATROPOS_API_KEY", "sekret")  # the trainer sends the API's key, as `serve` does
+    headers = {"Authorization": "Bearer sekret"}
+    with trajectory_api(api_key="sekret") as api:
+        _register(api.url, batch_size=8, headers=headers)
         for group in _groups(4, seed=3):
-            assert httpx.post(f"{api.url}/scored_data", json=group.to_scored_data()).status_code == 200
+            response = httpx.post(f"{api.url}/scored_data", json=group.to_scored_data(), headers=headers)
+            assert response.status_code == 200
         opts = RunOptions(api_url=api.url, api_batch_size=8, wait_timeout=5)
         seen: list[dict] = []
         summary = run_training(opts, _config(tiny_model, tmp_path / "run", steps=2), seen.append)

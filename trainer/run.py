@@ -9,6 +9,7 @@ summary says `interrupted` and the CLI exits 130). Child processes it started (v
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -120,8 +121,9 @@ def _source(
     if opts.api_url:
         sync = CheckpointSync(out, opts.sync_every) if opts.inference == "external" else None
         batches = api_batches(
-            opts.api_url, opts.api_batch_size, config.max_len, config.steps, out / "checkpoints", opts.wait_timeout
-        )
+            opts.api_url, opts.api_batch_size, config.max_len, config.steps, out / "checkpoints", opts.wait_timeout,
+            api_key=os.environ.get("ATROPOS_API_KEY") or None,  # the API's bearer token, as `serve` reads it
+        )  # fmt: skip
         return batches, sync, None
     from .rollouts import EnvRollouts
 
@@ -212,7 +214,7 @@ def run_training(
             elif trainer.step_count > 0:
                 summary.checkpoint = str(trainer.save(out))
             if rollouts is not None:
-                summary.rollouts_failed = rollouts.counts.failed
+                summary.rollouts_failed = rollouts.counts.failed_rollouts + rollouts.counts.failed_groups
     if rewards:
         summary.first_reward, summary.last_reward = rewards[0], rewards[-1]
     if opts.plot and rewards:
