@@ -106,7 +106,7 @@ def test_atropos_serve_against_atroposlib_run_api(tmp_path: Path, monkeypatch: p
         start_trainer(url, batch_size=4)
         loaded = load("--env.max_batches_offpolicy", "0")
         stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "spill.jsonl"))))
-        assert (stats.env_id, stats.groups_sent) == (0, 6)
+        assert (stats.env_id, stats.counts.groups) == (0, 6)
         batches = wait_for_batches(url, 3, timeout_s=10)
         assert sorted(g["tokens"][0][0] for b in batches for g in b) == [0, 1, 2, 3, 4, 5]
         assert all(set(g) == set(batches[0][0]) and len(g) == 14 for b in batches for g in b)

@@ -63,7 +63,7 @@ def test_serve_posts_groups_and_keeps_a_local_copy(tmp_path: Path, monkeypatch: 
         start_trainer(url)
         loaded = load("--env.data_path_to_save_groups", str(copy), "--env.max_batches_offpolicy", "0")
         stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "spill.jsonl"))))
-        assert (stats.env_id, stats.wandb_name, stats.groups_sent) == (0, "counting_0", 6)
+        assert (stats.env_id, stats.wandb_name, stats.counts.groups) == (0, "counting_0", 6)
         assert sorted(pull_all(url)) == [0, 1, 2, 3, 4, 5]
     lines = [json.loads(line) for line in copy.read_text().splitlines()]
     assert sorted(rec["tokens"][0][0] for rec in lines) == [0, 1, 2, 3, 4, 5]
@@ -109,7 +109,7 @@ def test_full_queue_slows_serve_down_without_losing_groups(tmp_path: Path, monke
         trainer.start()
         loaded = load("--env.max_batches_offpolicy", "0", "--env.steps_per_eval", "2")
         stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "s.jsonl"))))
-        assert stats.groups_sent == 12
+        assert stats.counts.groups == 12
         assert stats.evals and stats.evals[0]["metrics"] == {"eval/count": 1.0}  # evaluate() every 2 steps
         assert any("got 503" in e for e in stats.events), stats.events
         time.sleep(1.5)
@@ -149,7 +149,7 @@ def test_ctrl_c_spills_unsent_groups_and_the_next_serve_sends_them(
     with running_api(state_dir=str(state)) as url:
         reloaded = load("--env.max_batches_offpolicy", "0")
         stats = asyncio.run(serve_env(reloaded, ServeOptions(api_url=url, spill_path=str(spill))))
-        assert stats.groups_sent == 3
+        assert stats.counts.groups == 3
         assert not spill.exists()
         assert sorted(pull_all(url)) == [0, 1, 2]
 
@@ -189,7 +189,7 @@ def test_serve_sends_the_bearer_token(tmp_path: Path, monkeypatch: pytest.Monkey
         stats = asyncio.run(
             serve_env(load(), ServeOptions(api_url=url, api_key="tok", spill_path=str(tmp_path / "s.jsonl")))
         )
-        assert stats.groups_sent == 2
+        assert stats.counts.groups == 2
         assert httpx.get(url + "/status", headers=auth).json()["queue_size"] == 2
 
 
@@ -200,7 +200,7 @@ def test_rollouts_past_worker_timeout_are_dropped_and_counted(tmp_path: Path, mo
         start_trainer(url)
         loaded = load("--env.worker_timeout", "0.2")
         stats = asyncio.run(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(tmp_path / "s.jsonl"))))
-        assert (stats.groups_sent, stats.groups_failed) == (0, 2)
+        assert (stats.counts.groups, stats.counts.failed_groups) == (0, 2)
         assert any("worker_timeout (0.2 s)" in e for e in stats.events)
 
 
@@ -265,7 +265,7 @@ def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
         stop.set()
         thread.join(5)
     saved = sorted((checkpoints / "env_checkpoints" / "counting_0").glob("step-*.json"))
-    assert stats.groups_sent == 8 and saved, stats.events
+    assert stats.counts.groups == 8 and saved, stats.events
     assert all(0 < json.loads(p.read_text())["next_index"] <= 8 for p in saved)
 
     # a later run that starts at step 3 picks the stream up where step 3's checkpoint left it
@@ -273,7 +273,7 @@ def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
     with running_api() as url:
         _register_trainer(url, checkpoints, starting_step=3)
         stats = asyncio.run(serve_env(load_env(env_file, flags, None), _options(url, tmp_path)))
-        assert stats.groups_sent == 3 and any("env state of step 3 loaded" in e for e in stats.events)
+        assert stats.counts.groups == 3 and any("env state of step 3 loaded" in e for e in stats.events)
         assert sorted(pull_all(url)) == [5, 6, 7]
 
     (checkpoints / "env_checkpoints" / "counting_0" / "step-3.json").write_text("{not json")

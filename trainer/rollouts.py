@@ -13,23 +13,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from atropos_cli.errors import AtroposError
+from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["EnvRollouts", "RolloutCounts"]
+__all__ = ["EnvRollouts"]
 
-
-@dataclass
-class RolloutCounts:
-    groups: int = 0
-    failed: int = 0
-    filtered: int = 0
-    no_tokens: int = 0
-    items: int = 0
-    failures: list[Any] = field(default_factory=list)
+NO_TOKENS = "no token ids"
 
 
 class EnvRollouts:
@@ -83,23 +75,20 @@ class EnvRollouts:
             items.append(item)
         if not items:
             return None
-        self.counts.items += len(items)
         outcomes = await asyncio.gather(*(collect_group(self.env, item) for item in items))
         groups: list[ScoredGroup] = []
         for outcome in outcomes:
-            self.counts.failed += len(outcome.failures)
-            self.counts.filtered += len(outcome.filtered)
-            self.counts.failures.extend(outcome.failures)
+            self.counts.add_failures(outcome)
             for group in outcome.groups:
                 if not group.has_tokens:
-                    self.counts.no_tokens += 1
+                    self.counts.drop(NO_TOKENS)
                     continue
                 if group.generation_params is None:
                     # the env samples at its configured temperature; the trainer takes log-probs at it
                     group.generation_params = {"temperature": self.temperature}
+                self.counts.add_group(group)
                 groups.append(group)
-        self.counts.groups += len(groups)
-        if not groups and self.counts.no_tokens:
+        if not groups and self.counts.filtered.get(NO_TOKENS):
             raise AtroposError(
                 "the env's groups carry no token ids, so they cannot be trained on",
                 hint="serve the model with a tokenizer (--openai.tokenizer_name) or use --inference local",

@@ -71,9 +71,10 @@ def evaluate_command(
     _print_metrics(stats.document)
     console.print(
         f"evaluated {stats.items_total} items x {num_samples} samples in {stats.elapsed_s:.1f}s "
-        f"({stats.failed_samples} samples failed, {stats.items_resumed} items kept from before); wrote {paths.root}"
+        f"({stats.counts.failed_rollouts} samples failed, {stats.items_resumed} items kept from before); "
+        f"wrote {paths.root}"
     )
-    if stats.items_total and stats.failed_samples == stats.items_total * num_samples:
+    if stats.items_total and stats.counts.failed_rollouts == stats.items_total * num_samples:
         raise fail(f"every sample failed; see {paths.failures}", hint="check the server and the env")
 
 

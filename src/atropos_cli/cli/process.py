@@ -108,8 +108,9 @@ def _run_with_progress(loaded: Any, paths: Any, total: int, concurrency: int, sk
         task = progress.add_task(loaded.env.name, total=total, completed=len(skip), failed=0)
 
         def on_progress(stats: Any) -> None:
-            done = len(skip) + stats.groups + stats.failed_groups + stats.filtered_groups
-            progress.update(task, completed=done, failed=stats.failed_rollouts)
+            counts = stats.counts
+            done = len(skip) + counts.groups + counts.failed_groups + counts.filtered_groups
+            progress.update(task, completed=done, failed=counts.failed_rollouts)
 
         return asyncio.run(
             run_process(loaded, paths, num_groups=total, concurrency=concurrency, skip=skip, on_progress=on_progress)
@@ -117,27 +118,18 @@ def _run_with_progress(loaded: Any, paths: Any, total: int, concurrency: int, sk
 
 
 def _summarise(stats: Any, paths: Any) -> None:
-    mean = f", mean score {stats.mean_score:.3f}" if stats.mean_score is not None else ""
-    extra = [f"{stats.failed_rollouts} rollouts failed"]
-    if stats.failed_groups:
-        extra.append(f"{stats.failed_groups} groups failed")
-    if stats.filtered_groups:
-        extra.append(f"{stats.filtered_groups} groups filtered")
-    if stats.resumed_groups:
-        extra.append(f"{stats.resumed_groups} kept from before")
-    console.print(
-        f"wrote {stats.groups} groups ({stats.rollouts} rollouts{mean}) to {paths.root} "
-        f"in {stats.elapsed:.1f}s ({', '.join(extra)})"
-    )
-    if stats.tokens_missing:
+    counts = stats.counts
+    kept = f"; {stats.resumed_groups} kept from before" if stats.resumed_groups else ""
+    console.print(f"wrote {counts.summary()} to {paths.root} in {stats.elapsed:.1f}s{kept}", soft_wrap=True)
+    if counts.tokens_missing:
         err_console.print(
-            f"note: {stats.tokens_missing} groups have no token ids (no tokenizer, and the server returned none); "
+            f"note: {counts.tokens_missing} groups have no token ids (no tokenizer, and the server returned none); "
             "they are fine for viewing and sft-gen, but posting to an API or training needs "
             "--env.tokenizer_name"
         )
     if stats.interrupted:
         raise fail("interrupted: finished groups are saved", hint="continue with --resume", code=130)
-    if stats.groups == 0 and stats.failed_groups:
+    if counts.groups == 0 and counts.failed_groups:
         raise fail(f"every group failed; see {paths.failures}", hint="check the server and the env")
 
 

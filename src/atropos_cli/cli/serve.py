@@ -57,7 +57,7 @@ def serve_command(
     def on_event(stats: ServeStats, message: str) -> None:
         seen[:] = [stats]
         err_console.print(
-            f"[dim]serve[/] step {stats.step} | sent {stats.groups_sent} | in flight {stats.in_flight}"
+            f"[dim]serve[/] step {stats.step} | sent {stats.counts.groups} | in flight {stats.in_flight}"
             f"{' | paused (off-policy bound)' if stats.paused else ''} | {message}",
             soft_wrap=True,
         )
@@ -79,10 +79,7 @@ def serve_command(
 def _summary(stats: Any, api_url: str, prefix: str = "") -> None:
     spilled = f", {stats.spilled} unsent groups written to {stats.spill_path}" if stats.spilled else ""
     console.print(
-        f"{prefix}sent {stats.groups_sent} groups to {api_url} as {stats.wandb_name} "
-        f"({stats.groups_failed} groups failed, {stats.groups_dropped_too_long} too long, "
-        f"{stats.groups_rejected} rejected by the API, "
-        f"{len(stats.evals)} evals{spilled})",
+        f"{prefix}sent {stats.counts.summary()} to {api_url} as {stats.wandb_name} ({len(stats.evals)} evals{spilled})",
         soft_wrap=True,
     )
 

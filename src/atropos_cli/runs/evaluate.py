@@ -33,6 +33,7 @@ from pydantic import BaseModel, ValidationError
 from atropos_cli.config import RunConfig
 from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ConfigError
+from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.metrics import ItemResult, summarise
 from atropos_cli.runs.rundir import claim_output
 from atropos_cli.types import Message
@@ -86,7 +87,7 @@ class EvalStats:
     items_total: int = 0
     items_done: int = 0
     items_resumed: int = 0
-    failed_samples: int = 0
+    counts: RolloutCounts = field(default_factory=RolloutCounts)  # one group per item, one rollout per sample
     elapsed_s: float = 0.0
     document: dict[str, Any] = field(default_factory=dict)
 
@@ -202,9 +203,10 @@ async def run_eval(
             async def worker() -> None:
                 for index, item in queue:  # one shared iterator: each item goes to exactly one worker
                     outcome = await collect_group(env, item, index)
-                    for sample in outcome_samples(outcome, index, num_samples, pass_threshold):
+                    samples = outcome_samples(outcome, index, num_samples, pass_threshold)
+                    for sample in samples:
                         out.write(sample)
-                        stats.failed_samples += int(sample.error is not None)
+                    stats.counts.add_scores([s.score if s.error is None else None for s in samples])
                     for failure in outcome.failures:
                         fails.write(failure)
                     stats.items_done += 1

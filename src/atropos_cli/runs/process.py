@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
-import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 
 from atropos_cli.config import RunConfig
 from atropos_cli.env.loading import LoadedEnv
+from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.rollout import GroupOutcome, run_groups
 from atropos_cli.runs.rundir import claim_output
 
@@ -73,34 +73,14 @@ class RunPaths:
 
 @dataclass
 class ProcessStats:
-    groups: int = 0
-    rollouts: int = 0
-    failed_rollouts: int = 0
-    failed_groups: int = 0
-    filtered_groups: int = 0
+    counts: RolloutCounts = field(default_factory=RolloutCounts)
     resumed_groups: int = 0
-    tokens_missing: int = 0
-    scores: list[float] = field(default_factory=list)
     started: float = field(default_factory=time.perf_counter)
     interrupted: bool = False
 
     @property
-    def mean_score(self) -> float | None:
-        return statistics.fmean(self.scores) if self.scores else None
-
-    @property
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
-
-    def add(self, outcome: GroupOutcome) -> None:
-        for group in outcome.groups:
-            self.groups += 1
-            self.rollouts += group.size
-            self.scores.extend(group.scores)
-            self.tokens_missing += int(not group.has_tokens)
-        self.failed_rollouts += sum(1 for f in outcome.failures if f.kind == "rollout")
-        self.failed_groups += int(outcome.failed)
-        self.filtered_groups += len(outcome.filtered)
 
 
 def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
@@ -183,7 +163,7 @@ async def run_process(
                     groups_out.write(group)
                 for failure in [*outcome.failures, *outcome.filtered]:
                     failures_out.write(failure)
-                stats.add(outcome)
+                stats.counts.add(outcome)
                 on_progress(stats)
 
             try:

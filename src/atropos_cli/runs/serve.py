@@ -30,6 +30,7 @@ from pydantic import BaseModel
 from atropos_cli.api.client import ApiClient, ApiRequestError
 from atropos_cli.env.loading import LoadedEnv
 from atropos_cli.errors import AtroposError, ConfigError
+from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.rollout import collect_group
 from atropos_cli.types import RolloutFailure, ScoredGroup
 
@@ -54,10 +55,7 @@ class ServeStats:
     wandb_name: str | None = None
     step: int = 0
     in_flight: int = 0
-    groups_sent: int = 0
-    groups_failed: int = 0
-    groups_dropped_too_long: int = 0
-    groups_rejected: int = 0
+    counts: RolloutCounts = field(default_factory=RolloutCounts)  # groups = sent and acknowledged by the API
     paused: bool = False
     evals: list[dict[str, Any]] = field(default_factory=list)
     spilled: int = 0
@@ -192,7 +190,7 @@ class _Server:
                 eval_task.cancel()
 
     def _done(self) -> bool:
-        if self.options.max_groups is not None and self.stats.groups_sent >= self.options.max_groups:
+        if self.options.max_groups is not None and self.stats.counts.groups >= self.options.max_groups:
             return True
         return self.exhausted and not self.workers and self.unsent == 0
 
@@ -223,7 +221,7 @@ class _Server:
         cap = self._max_workers(queue_size)
         while len(self.workers) < cap and not self.exhausted:
             limit = self.options.max_groups
-            if limit is not None and self.stats.groups_sent + self.unsent + len(self.workers) >= limit:
+            if limit is not None and self.stats.counts.groups + self.unsent + len(self.workers) >= limit:
                 return
             item = self.backlog.pop() if self.backlog else await self.env.get_next_item()
             if item is None:
@@ -268,12 +266,12 @@ class _Server:
             outcome = await asyncio.wait_for(collect_group(self.env, item), self.cfg.worker_timeout)
         except asyncio.TimeoutError:
             # As Atropos: a rollout stuck past worker_timeout is dropped (counted), the loop goes on.
-            self.stats.groups_failed += 1
+            self.stats.counts.failed_groups += 1
             self.event(f"a group took longer than worker_timeout ({self.cfg.worker_timeout:g} s): dropped")
             return
         self.backlog.extend(outcome.backlog)
+        self.stats.counts.add_failures(outcome)
         if outcome.failed:
-            self.stats.groups_failed += 1
             self._report_failures(outcome.failures)
         for group in outcome.groups:
             if not group.has_tokens:
@@ -282,7 +280,7 @@ class _Server:
                     hint="set --env.tokenizer_name (or use a backend that returns token ids, e.g. vllm)",
                 )
             if self.max_token_len > 0 and any(len(t) >= self.max_token_len for t in group.tokens):
-                self.stats.groups_dropped_too_long += 1
+                self.stats.counts.drop("too long")
                 continue
             if self.writer is not None:
                 self.writer.write(group)
@@ -313,13 +311,13 @@ class _Server:
                     raise
                 # The API refused this group (4xx): as Atropos, drop it, count it and go on.
                 self.unsent -= 1
-                self.stats.groups_rejected += 1
+                self.stats.counts.drop("rejected by the API")
                 self.event(f"the API rejected a group ({exc.status}): {exc.message}")
                 continue
             except BaseException:
                 self.outbox.put_nowait(group)  # not acknowledged: keep it for the flush or the spill file
                 raise
-            self.stats.groups_sent += 1
+            self.stats.counts.add_group(group)
             self.unsent -= 1
 
     async def _drain_workers(self) -> None:
