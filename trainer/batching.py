@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -149,7 +150,9 @@ class MicroBatch:
 
     def to(self, device: torch.device | str) -> MicroBatch:
         fields = vars(self).items()
-        moved = {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in fields}
+        moved: dict[str, Any] = {
+            k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in fields
+        }
         return MicroBatch(**moved)
 
 

@@ -127,7 +127,8 @@ def load_policy(name: str, device: str) -> tuple[Any, Any]:
         model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=torch.float32)
     except OSError as exc:
         raise ModelLoadError(f"cannot load model {name!r}: {exc}", hint="pass a saved model directory") from None
-    return model.to(device), tokenizer
+    # transformers' stubs type the self argument of the decorated `.to()` wrongly
+    return model.to(device), tokenizer  # type: ignore[arg-type]
 
 
 def _body_and_head(model: Any) -> tuple[Any, Any]:

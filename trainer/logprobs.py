@@ -20,6 +20,9 @@ everything after them are fp32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 __all__ = ["flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
@@ -73,19 +76,22 @@ def _chunk_dlogits_fused(logits, targets, inv_temp, lse, grad, dtype):
     return ((onehot - torch.exp(scaled - lse[:, None])) * g).to(dtype)
 
 
-_KERNELS: dict[str, object] = {}
+_KERNELS: dict[str, Callable[..., Any]] = {}
+_CHUNK_FNS: dict[str, dict[str, Callable[..., Any]]] = {
+    "eager": {"logp": _chunk_logp, "dlogits": _chunk_dlogits},
+    "fused": {"logp": _chunk_logp, "dlogits": _chunk_dlogits_fused},
+}
 
 
-def _kernel(name: str, device: torch.device):
+def _kernel(name: str, device: torch.device) -> Callable[..., Any]:
     """The chunk function, fused into one kernel by torch.compile on CUDA (eager elsewhere).
 
     Eager, each elementwise step is a pass over the [chunk, vocab] fp32 buffer (0.6 GB at 1024 x 152k): about
     five in backward. Fused, it is one read and one write of the chunk."""
     if device.type != "cuda" or not FUSE:
-        return {"logp": _chunk_logp, "dlogits": _chunk_dlogits}[name]
+        return _CHUNK_FNS["eager"][name]
     if name not in _KERNELS:
-        fn = {"logp": _chunk_logp, "dlogits": _chunk_dlogits_fused}[name]
-        _KERNELS[name] = torch.compile(fn, dynamic=True)
+        _KERNELS[name] = torch.compile(_CHUNK_FNS["fused"][name], dynamic=True)
     return _KERNELS[name]
 
 

@@ -214,9 +214,11 @@ def load_adapter(model: Any, path: Path) -> None:
         )
     device = next(model.parameters()).device
     result = set_peft_model_state_dict(model, load_file(weights, device=str(device)), adapter_name=ADAPTER)
-    missing = [k for k in result.missing_keys if ".lora_" in k]
-    if missing or result.unexpected_keys:
-        bad = (missing or result.unexpected_keys)[0]
+    # peft annotates the result as a bare namedtuple; it is torch's _IncompatibleKeys
+    missing = [k for k in result.missing_keys if ".lora_" in k]  # type: ignore[attr-defined]
+    unexpected = list(result.unexpected_keys)  # type: ignore[attr-defined]
+    if missing or unexpected:
+        bad = (missing or unexpected)[0]
         raise ConfigError(
             f"adapter at {str(path)!r} does not fit the model: {bad!r}",
             hint="resume with the --model and --lora-* flags of the original run",

@@ -32,6 +32,7 @@ class Precision:
         self.params = [p for p in model.parameters() if p.requires_grad]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         fused = device.startswith("cuda")
+        self.master: list[Any] | None
         if dtype == "bf16-pure":
             self.master = [p.detach().float().clone() for p in self.params]
             for m in self.master:

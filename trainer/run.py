@@ -115,6 +115,7 @@ def _source(
     from .sources import api_batches, file_batches
     from .sync import CheckpointSync, LocalSync
 
+    sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
     if opts.data:
         return file_batches(opts.data, opts.groups_per_step, opts.epochs, config.seed), None, None
@@ -148,8 +149,8 @@ def _source(
     elif opts.inference == "vllm":
         from .vllm import VLLMSync
 
-        sync = VLLMSync(vllm, out, opts.sync_every, opts.vllm_sync)
-        on_event(sync.describe())
+        sync = vllm_sync = VLLMSync(vllm, out, opts.sync_every, opts.vllm_sync)
+        on_event(vllm_sync.describe())
     else:
         sync = CheckpointSync(out, opts.sync_every, rollouts.run_config.openai[0].base_url or None)
     return rollouts.batches(opts.groups_per_step), sync, rollouts

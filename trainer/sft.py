@@ -152,20 +152,14 @@ def _resolve_device(name: str) -> str:
 
 
 def _load_model_and_tokenizer(name: str, device: str) -> tuple[Any, Any]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
+    """The policy loader GRPO uses (fp32 weights + tokenizer), refusing a tokenizer without a chat template."""
     from atropos_cli.inference.tokenizer import load_tokenizer
-    from atropos_cli.resources import resolve_model_path
 
-    tokenizer = load_tokenizer(name)
-    if tokenizer.chat_template is None:
+    from .grpo import load_policy
+
+    if load_tokenizer(name).chat_template is None:  # checked first: cheap, and before any weights load
         raise ModelLoadError(f"tokenizer of {name!r} has no chat template", hint="SFT on chats needs one")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=torch.float32)
-    except OSError as exc:
-        raise ModelLoadError(f"cannot load model {name!r}: {exc}", hint="pass a saved model directory") from None
-    return model.to(device), tokenizer
+    return load_policy(name, device)
 
 
 def _lr_factor(step: int, warmup: int, total: int, min_ratio: float) -> float:
@@ -263,7 +257,7 @@ def run_sft(config: SFTConfig, on_log: Callable[[dict[str, float]], None] | None
                 {
                     "step": step,
                     "loss": round(running, 4),
-                    "lr": scheduler.get_last_lr()[0],
+                    "lr": float(scheduler.get_last_lr()[0]),
                     "tokens_per_s": round(seen_tokens / elapsed, 1),
                     "elapsed_s": round(elapsed, 1),
                 }

@@ -89,6 +89,8 @@ class CheckpointSync:
     def _reload(self, path: Path) -> int | None:
         import httpx
 
+        if self.reload_url is None:
+            return None
         try:
             response = httpx.post(self.reload_url, json={"path": str(path.resolve())}, timeout=self.timeout)
         except httpx.TransportError as exc:

@@ -35,7 +35,7 @@ from atropos_cli.api.wire import WireError
 __all__ = ["create_app"]
 
 _RETRY_AFTER_S = "1"
-_EMPTY_EXAMPLE = {
+_EMPTY_EXAMPLE: dict[str, Any] = {
     "tokens": [], "masks": [], "scores": [], "advantages": None, "ref_logprobs": None, "messages": None,
     "generation_params": None, "inference_logprobs": None, "overrides": None, "group_overrides": None,
     "images": None, "env_id": None, "distill_token_ids": None, "distill_logprobs": None,

@@ -21,7 +21,6 @@ import contextlib
 import gzip
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -29,12 +28,12 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from atropos_cli.errors import AtroposError, RecordError
+from atropos_cli.formats.reader import SourcedGroup
 from atropos_cli.retry import Backoff, parse_retry_after
 from atropos_cli.types import ScoredGroup
 
 __all__ = [
     "ApiClient",
-    "ApiGroup",
     "ApiRequestError",
     "ApiSourceOptions",
     "ApiUnavailableError",
@@ -231,15 +230,6 @@ def iter_batches(
         loop.close()
 
 
-@dataclass
-class ApiGroup:
-    """A group from the API, shaped like the readers' `SourcedGroup` (source = the URL, index = arrival order)."""
-
-    source: str
-    index: int
-    group: ScoredGroup
-
-
 class ApiSourceOptions(BaseModel):
     """Where `sft-gen` / `dpo-gen --api-url` pull groups from, registered as a trainer of this shape."""
 
@@ -254,7 +244,7 @@ class ApiSourceOptions(BaseModel):
     timeout: float = 30.0
 
 
-def iter_api_groups(options: ApiSourceOptions, *, on_bad: OnBad | None = None) -> Iterator[ApiGroup]:
+def iter_api_groups(options: ApiSourceOptions, *, on_bad: OnBad | None = None) -> Iterator[SourcedGroup]:
     """Every group of every batch, in arrival order, until the API stays idle for `options.idle_timeout`."""
     registration = TrainerRegistration(
         wandb_group="atropos-datagen",
@@ -277,7 +267,7 @@ def iter_api_groups(options: ApiSourceOptions, *, on_bad: OnBad | None = None) -
     index = 0
     for batch in batches:
         for group in batch:
-            yield ApiGroup(source, index, group)
+            yield SourcedGroup(source, index, group)
             index += 1
 
 

@@ -103,9 +103,9 @@ class ApiService:
         self.started = bool(state.kv.get("started", False))
         for env_id, info in sorted(state.envs.items()):
             self._add_env_slot(env_id, info)
-        for gid, env_id, size, status in state.groups:
-            group = QueuedGroup(gid, env_id, size)
-            slot = self.queue.envs.get(env_id) if env_id is not None else None
+        for gid, group_env, size, status in state.groups:
+            group = QueuedGroup(gid, group_env, size)
+            slot = self.queue.envs.get(group_env) if group_env is not None else None
             if status == GROUP_BUFFERED and slot is not None:
                 slot.buffer.append(group)
             else:
@@ -194,7 +194,9 @@ class ApiService:
     async def ingest(self, items: list[IngestItem]) -> list[dict[str, Any]]:
         """Store and queue validated groups in one transaction; one Atropos-shaped answer per group."""
         self.check_accepting(len(items))
-        rows, moved, answers = [], [], []
+        rows: list[tuple[int, int | None, int, int, bytes]] = []
+        moved: list[int] = []
+        answers: list[dict[str, Any]] = []
         for item in items:
             gid = self._next_gid
             self._next_gid += 1

@@ -152,9 +152,8 @@ def serve(inputs: list[str], out: Path, title: str | None, host: str, port: int)
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
             hint="pick another --port (or --port 0 for any free port)",
         ) from None
-    bound_host, bound_port = server.server_address[:2]
     console.print(
-        f"serving http://{bound_host}:{bound_port}/ (re-rendered on each reload; Ctrl-C to stop)", soft_wrap=True
+        f"serving http://{host}:{server.server_port}/ (re-rendered on each reload; Ctrl-C to stop)", soft_wrap=True
     )
     try:
         server.serve_forever()

@@ -65,6 +65,11 @@ def _load_entry_point(ep: EntryPoint, class_name: str | None) -> type[BaseEnv]:
         ) from None
     if inspect.isclass(loaded) and issubclass(loaded, BaseEnv):
         return loaded
+    if not isinstance(loaded, ModuleType):
+        raise EnvLoadError(
+            f"entry point {ep.value!r} is a {type(loaded).__name__}, not an env class or a module",
+            hint="point it at a BaseEnv subclass (module:Class) or at a module that defines one",
+        )
     return _pick_class(loaded, class_name, f"entry point {ep.value!r}")
 
 

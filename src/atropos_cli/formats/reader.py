@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import json
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import ValidationError
 
@@ -51,8 +53,10 @@ _NOT_ROLLOUTS_HINT = (
 )
 
 
-class SourcedGroup(NamedTuple):
-    """A group and where it came from: `source` is the file path, `index` its position among the file's groups."""
+@dataclass(frozen=True, slots=True)
+class SourcedGroup:
+    """A group and where it came from: `source` is the file path (or the API's URL), `index` its position among
+    the file's groups (or the API's arrival order)."""
 
     source: str
     index: int
@@ -156,7 +160,7 @@ def parse_line(line: bytes) -> ScoredGroup | str:
         return _validation_reason(exc)
 
 
-def _open(path: Path) -> IO[bytes]:
+def _open(path: Path) -> io.BufferedIOBase:
     return gzip.open(path, "rb") if path.suffix == ".gz" else path.open("rb")
 
 

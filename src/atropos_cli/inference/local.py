@@ -135,7 +135,8 @@ def load_model(name: str, device: str, dtype: str) -> _Loaded:
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path)
+    # transformers' stubs type the self argument of the decorated `.to()` wrongly
+    return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path)  # type: ignore[arg-type]
 
 
 def set_cpu_threads(model: Any, num_threads: int | None) -> None:

@@ -156,7 +156,7 @@ class ServerManager:
         **extra: Any,
     ) -> Generation:
         """Sample `n` chat completions; `split="eval"` uses the eval slots. See `_params` for `extra`."""
-        sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
         params = self._params("chat_completion", split, sampling, extra)
         messages = [dict(m) for m in messages]
@@ -181,7 +181,7 @@ class ServerManager:
         **extra: Any,
     ) -> Generation:
         """Sample `n` completions of a text prompt or of a list of prompt token ids."""
-        sampling = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
         params = self._params("completion", split, sampling, extra)
 

@@ -98,7 +98,7 @@ class EvalStats:
 
 def read_samples(path: Path) -> list[EvalSample]:
     """Samples of a samples.jsonl; a torn or invalid line (a crash mid-write) is skipped."""
-    samples = []
+    samples: list[EvalSample] = []
     if not path.exists():
         return samples
     for line in path.read_text(encoding="utf-8").splitlines():

@@ -60,7 +60,7 @@ def _validate(raw: Any) -> ScoredGroup:
     return ScoredGroup.model_validate(raw)
 
 
-def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | None, started: float) -> None:
+def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | None, started: float) -> GroupMeta:
     meta = group.meta or GroupMeta()
     server = env.server
     updates: dict[str, Any] = {
@@ -76,7 +76,8 @@ def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | N
         "duration_s": meta.duration_s or round(time.perf_counter() - started, 4),
         "tokens_missing": not group.has_tokens,
     }
-    group.meta = meta.model_copy(update=updates)
+    group.meta = stamped = meta.model_copy(update=updates)
+    return stamped
 
 
 def _filter_reason(group: ScoredGroup, env: BaseEnv) -> str | None:
@@ -84,7 +85,8 @@ def _filter_reason(group: ScoredGroup, env: BaseEnv) -> str | None:
     expected = (group.group_overrides or {}).get("group_size", env.config.group_size)
     if env.config.ensure_scores_are_not_same and group.size > 1 and len(set(group.scores)) == 1:
         return "identical scores"
-    if env.config.ensure_scores_are_not_same and group.size != expected and not group.meta.failed_rollouts:
+    failed_rollouts = group.meta.failed_rollouts if group.meta else None
+    if env.config.ensure_scores_are_not_same and group.size != expected and not failed_rollouts:
         return f"group has {group.size} rollouts, expected {expected}"
     return None
 
@@ -109,10 +111,10 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
             except (ValidationError, TypeError) as exc:
                 record_failure(_one_line(exc), env=env.name, item_id=item_id, rollout_index=None)
                 continue
-            _stamp(group, env, index, item_id, started)
+            meta = _stamp(group, env, index, item_id, started)
             reason = _filter_reason(group, env)
             if reason:
-                outcome.filtered.append(_failure("Filtered", reason, env, item_id, group.meta.group_id))
+                outcome.filtered.append(_failure("Filtered", reason, env, item_id, meta.group_id))
             else:
                 outcome.groups.append(group)
         if not _as_groups(result) and not sink:

@@ -105,7 +105,7 @@ class _Server:
         if self.cfg.data_path_to_save_groups:
             from atropos_cli.formats.jsonl import JsonlWriter
 
-            self.writer = JsonlWriter(self.cfg.data_path_to_save_groups, append=True)
+            self.writer = JsonlWriter(Path(self.cfg.data_path_to_save_groups), append=True)
         self._load_spill()
         reg = {
             "max_token_length": self.cfg.max_token_length,

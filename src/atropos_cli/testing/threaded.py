@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any
+from typing import Any, Literal
 
 __all__ = ["ThreadedServer"]
 
@@ -18,7 +18,9 @@ __all__ = ["ThreadedServer"]
 class ThreadedServer:
     """`with ThreadedServer(app) as server: httpx.get(server.url + "/health")`; stopped on exit."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: str = "auto") -> None:
+    def __init__(
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto"
+    ) -> None:
         self.app = app
         self.host = host
         self.port = port
