@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from atropos_cli.datagen.samples import split_messages
 from atropos_cli.datagen.select import (
     DatagenStats,
     DpoOptions,
@@ -16,7 +17,6 @@ from atropos_cli.datagen.select import (
     SftOptions,
     select_dpo,
     select_sft,
-    split_messages,
 )
 from atropos_cli.errors import OutputExistsError, RecordError
 from atropos_cli.formats.dataset import DatasetWriter, render_card, row_formatter, schema_for

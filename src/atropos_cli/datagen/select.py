@@ -4,10 +4,11 @@ Sits between the readers (rollout files, or a live trajectory API) and `formats.
 
     iter_groups(...) / iter_api_groups(...) ──► select_sft / select_dpo ──► SftRow / DpoRow ──► formats.dataset
 
-The selection rules follow Atropos' `atropos-sft-gen` / `atropos-dpo-gen` (spec §5), made deterministic and
-streaming (one group at a time; dedupe keeps only a set of 64-bit hashes). Every rollout read is accounted for
-exactly once: it becomes a row (SFT) or a pair's chosen side (DPO), or it is counted under one `DropReason`, so
-`rollouts_read == rows_written + sum(dropped)` always holds and a user can see where the data went.
+The selection rules follow Atropos' `atropos-sft-gen` / `atropos-dpo-gen` (restated in `select_sft`, `select_dpo`
+and `_score_filter`), made deterministic and streaming (one group at a time; dedupe keeps only a set of 64-bit
+hashes). Every rollout read is accounted for exactly once: it becomes a row (SFT) or a pair's chosen side (DPO),
+or it is counted under one `DropReason`, so `rollouts_read == rows_written + sum(dropped)` always holds and a user
+can see where the data went.
 """
 
 from __future__ import annotations
@@ -16,28 +17,24 @@ import random
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Protocol
+from typing import Any
 
 from pydantic import BaseModel, Field
 
+from atropos_cli.datagen.samples import Provenance, Sample, Sourced, decode_sample, provenance_of, split_messages
 from atropos_cli.errors import RecordError
-from atropos_cli.tokens import MASKED
-from atropos_cli.types import Message, ScoredGroup
+from atropos_cli.types import Message
 
 __all__ = [
     "DropReason",
     "SelectOptions",
     "SftOptions",
     "DpoOptions",
-    "Provenance",
-    "Sample",
     "SftRow",
     "DpoRow",
     "DatagenStats",
-    "Sourced",
     "select_sft",
     "select_dpo",
-    "split_messages",
     "row_key",
 ]
 
@@ -99,40 +96,6 @@ class DatagenStats:
         return {reason.value: count for reason, count in self._drops.items()}
 
 
-class Sourced(Protocol):
-    """A group with where it came from (readers' `SourcedGroup` and the API source both fit)."""
-
-    source: str
-    index: int
-    group: ScoredGroup
-
-
-@dataclass(slots=True, frozen=True)
-class Provenance:
-    source: str
-    group_id: str
-    env: str | None
-    model: str | None
-    item_id: str | None
-
-
-@dataclass(slots=True)
-class Sample:
-    """One rollout as text: the prompt turns and the completion turns, each message `{role, content}`."""
-
-    prompt: list[Message]
-    completion: list[Message]
-    # Set when the text was decoded from token ids: Atropos' legacy text records use it verbatim.
-    prompt_text: str | None = None
-    completion_text: str | None = None
-
-    def text_pair(self) -> tuple[str, str]:
-        """(prefix, completion) strings for Atropos' legacy text records."""
-        if self.prompt_text is not None and self.completion_text is not None:
-            return self.prompt_text, self.completion_text
-        return _join(self.prompt), _join(self.completion)
-
-
 @dataclass(slots=True)
 class SftRow:
     sample: Sample
@@ -148,63 +111,6 @@ class DpoRow:
     score: float
     rejected_score: float
     provenance: Provenance
-
-
-def _join(messages: list[Message]) -> str:
-    return "\n\n".join(str(m["content"]) for m in messages)
-
-
-def split_messages(messages: list[Message]) -> tuple[list[Message], list[Message]]:
-    """Split a chat into (prompt, completion): the completion is everything after the last user turn.
-
-    Normalises each message to `{role, content}` with string content; raises ValueError when the chat has no
-    completion or a message is not plain text (those rollouts are counted as unparseable).
-    """
-    normal: list[Message] = []
-    last_user = -1
-    for i, message in enumerate(messages):
-        content, role = message.get("content"), message.get("role")
-        if content.__class__ is not str:
-            raise ValueError(f"message {i} has non-text content ({type(content).__name__})")
-        if len(message) != 2 or role.__class__ is not str:
-            # Keep only role/content (fixed output schema); a plain {role, content} dict is reused as is.
-            message = {"role": str(role), "content": content}
-        normal.append(message)
-        if role == "user":
-            last_user = i
-    if last_user < 0:
-        # No user turn: the prompt is whatever precedes the first assistant turn (e.g. system-only prompts).
-        last_user = next((i - 1 for i, m in enumerate(normal) if m["role"] == "assistant"), len(normal) - 1)
-    prompt, completion = normal[: last_user + 1], normal[last_user + 1 :]
-    if not completion:
-        raise ValueError("the chat has no turn after the last user message")
-    return prompt, completion
-
-
-def _decode_sample(group: ScoredGroup, i: int, tokenizer: Any) -> Sample:
-    """Decode a tokens-only rollout: the untrained prefix (mask -100) is the prompt, the rest the completion."""
-    tokens, mask = group.tokens[i], group.masks[i]
-    cut = next((j for j, m in enumerate(mask) if m != MASKED), len(mask))
-    if cut == len(tokens):
-        raise ValueError("no trained (unmasked) tokens to use as the completion")
-    prompt_raw = tokenizer.decode(tokens[:cut], skip_special_tokens=False)
-    completion_raw = tokenizer.decode(tokens[cut:], skip_special_tokens=False)
-    prompt = tokenizer.decode(tokens[:cut], skip_special_tokens=True).strip()
-    completion = tokenizer.decode(tokens[cut:], skip_special_tokens=True).strip()
-    return Sample(
-        prompt=[{"role": "user", "content": prompt}],
-        completion=[{"role": "assistant", "content": completion}],
-        prompt_text=prompt_raw,
-        completion_text=completion_raw,
-    )
-
-
-def _provenance(item: Sourced) -> Provenance:
-    meta = item.group.meta
-    if meta is None:
-        return Provenance(item.source, f"{item.source}:{item.index}", None, None, None)
-    group_id = meta.group_id or f"{item.source}:{item.index}"
-    return Provenance(item.source, group_id, meta.env, meta.model, meta.item_id)
 
 
 @dataclass
@@ -258,7 +164,7 @@ class _GroupView:
                 hint="pass --tokenizer with the model's directory (or a shipped model such as "
                 "atropos-tiny-arith), or regenerate the rollouts so they carry messages",
             )
-        return _decode_sample(group, i, self.tokenizer)
+        return decode_sample(group, i, self.tokenizer)
 
 
 def _score_filter(score: float, low: float, options: SelectOptions) -> DropReason | None:
@@ -296,7 +202,7 @@ def select_sft(
         stats.groups_read += 1
         stats.rollouts_read += group.size
         view = _GroupView(item, tokenizer, options)
-        provenance = _provenance(item)
+        provenance = provenance_of(item)
         low = min(group.scores)
         kept = 0
         for i in sorted(range(group.size), key=lambda j: -group.scores[j]):
@@ -340,7 +246,7 @@ def select_dpo(
     tokenizer: Any = None,
     seen: set[int] | None = None,
 ) -> Iterator[DpoRow]:
-    """Yield DPO pairs: Atropos' rule (spec §5), made deterministic by `seed`.
+    """Yield DPO pairs: Atropos' `atropos-dpo-gen` rule, made deterministic by `seed`.
 
     Per group: positives are the rollouts by descending score (score > 0 unless negative scores are allowed);
     the negative pool is the `save_n_pairs_per_group` lowest-scoring rollouts; each of the first n positives
@@ -362,7 +268,7 @@ def _group_pairs(
 ) -> Iterator[DpoRow]:
     group = item.group
     view = _GroupView(item, tokenizer, options)
-    provenance = _provenance(item)
+    provenance = provenance_of(item)
     rng = _group_rng(options.seed, provenance.group_id)
     order = sorted(range(group.size), key=lambda j: -group.scores[j])
     pool = sorted(range(group.size), key=lambda j: group.scores[j])[: options.save_n_pairs_per_group]

@@ -22,7 +22,8 @@ from typing import Any, Literal
 import orjson
 import pyarrow as pa
 
-from atropos_cli.datagen.select import DatagenStats, DpoRow, SftRow, row_key, split_messages
+from atropos_cli.datagen.samples import split_messages
+from atropos_cli.datagen.select import DatagenStats, DpoRow, SftRow, row_key
 from atropos_cli.errors import ConfigError, OutputExistsError
 from atropos_cli.formats.jsonl import dumps_line
 
