@@ -1,5 +1,5 @@
 """`atropos api` over HTTP: Atropos wire shapes (against answers recorded from atroposlib 0.4.0), every bad
-input of issue 5 (4xx with a message, queue unchanged), backpressure, auth, reset, health and metrics."""
+input (4xx with a message, queue unchanged), backpressure, auth, reset, health and metrics."""
 
 from __future__ import annotations
 

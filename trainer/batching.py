@@ -5,7 +5,7 @@ in; `prepare(...)` turns each rollout into a `Sample` (advantage per token, trai
 temperature, inference log-probs), `micro_batches(...)` pads samples of similar length together under a token
 budget, and `grpo.py` trains on them.
 
-Rules (Atropos' example trainer, spec §6.3, where it has one):
+Rules (those of Atropos' example trainer, where it has one):
 - advantage = (score - group mean) / max(group std, 1e-8) (population std); without std scaling (Dr. GRPO)
   just score - mean; a group of one rollout gets 0; per-token `advantages` sent by the env win when present;
 - `overrides[i].set_advantage_to_zero` zeroes rollout i; its temperature is `overrides[i].temperature` >

@@ -2,7 +2,7 @@
 
 Where it sits: `grpo.py` computes per-token log-probs of a micro-batch (`logprobs.py`), then calls
 `policy_loss(...)` here with the micro-batch's advantages, masks and, where the rollouts carry them, inference
-and reference log-probs. Formulas follow `reference/peers.md` §2 (notation: r = π_θ/π_old per token,
+and reference log-probs. Formulas as the papers define them (notation: r = π_θ/π_old per token,
 A = advantage, ε_low/ε_high = clip range, μ = the inference policy that sampled the tokens):
 
 - **grpo**: PPO-clip per token, min(r·A, clip(r, 1-ε, 1+ε)·A); mean over a sequence's tokens, then over sequences.

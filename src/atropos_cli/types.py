@@ -26,7 +26,7 @@ __all__ = [
     "SCORED_DATA_KEYS",
 ]
 
-# The exact keys of Atropos' ScoredData, in its order (spec §3.1).
+# The exact keys of Atropos' ScoredData (the body of POST /scored_data), in its order.
 SCORED_DATA_KEYS = (
     "tokens",
     "masks",

@@ -1,4 +1,4 @@
-"""FastAPI factory of the trajectory API (`atropos api`): Atropos' `run-api` endpoints (spec §3.1), same
+"""FastAPI factory of the trajectory API (`atropos api`): Atropos' `run-api` endpoints, same
 paths, bodies and response shapes, plus `/health` and `/metrics`.
 
 Sits between the network and `service.ApiService`. Request bodies go through `wire.py` (size limit, gzip

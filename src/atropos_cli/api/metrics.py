@@ -57,60 +57,31 @@ class ApiMetrics:
         return groups / window_s, seqs / window_s
 
     def render(self, gauges: QueueGauges) -> str:
+        """The Prometheus text exposition: one family per metric, one sample per env or reason."""
         groups_rate, seqs_rate = self.rates()
+        rejected: dict[str, float] = {f'reason="{_esc(r)}"': n for r, n in self.rejected.items()}
+        families: list[tuple[str, str, str, dict[str, float]]] = [
+            ("atropos_api_step", "gauge", "Trainer step (batches formed).", {"": gauges.step}),
+            ("atropos_api_queue_groups", "gauge", "Queued groups per env.", _by_env(gauges.groups)),
+            ("atropos_api_queue_sequences", "gauge", "Queued sequences per env.", _by_env(gauges.sequences)),
+            ("atropos_api_buffered_groups", "gauge", "Mixed-size groups waiting in env buffers.",
+             {"": gauges.buffered_groups}),
+            ("atropos_api_pending_batches", "gauge", "Batches formed but not yet served.",
+             {"": gauges.pending_batches}),
+            ("atropos_api_ingested_groups_total", "counter", "Groups accepted.", _by_env(self.ingested_groups)),
+            ("atropos_api_ingested_sequences_total", "counter", "Sequences accepted.",
+             _by_env(self.ingested_sequences)),
+            ("atropos_api_rejected_groups_total", "counter", "Requests rejected, by reason.", rejected),
+            ("atropos_api_batches_served_total", "counter", "Batches served.", {"": self.batches_served}),
+            ("atropos_api_sequences_served_total", "counter", "Sequences served.", {"": self.sequences_served}),
+            ("atropos_api_ingest_groups_per_second", "gauge", "Groups accepted per second (10 s window).",
+             {"": groups_rate}),
+            ("atropos_api_served_sequences_per_second", "gauge", "Sequences served per second (10 s window).",
+             {"": seqs_rate}),
+        ]  # fmt: skip
         lines: list[str] = []
-        _family(lines, "atropos_api_step", "gauge", "Trainer step (batches formed).", {"": gauges.step})
-        _family(lines, "atropos_api_queue_groups", "gauge", "Queued groups per env.", _by_env(gauges.groups))
-        _family(lines, "atropos_api_queue_sequences", "gauge", "Queued sequences per env.", _by_env(gauges.sequences))
-        _family(
-            lines,
-            "atropos_api_buffered_groups",
-            "gauge",
-            "Mixed-size groups waiting in env buffers.",
-            {"": gauges.buffered_groups},
-        )
-        _family(
-            lines,
-            "atropos_api_pending_batches",
-            "gauge",
-            "Batches formed but not yet served.",
-            {"": gauges.pending_batches},
-        )
-        _family(
-            lines, "atropos_api_ingested_groups_total", "counter", "Groups accepted.", _by_env(self.ingested_groups)
-        )
-        _family(
-            lines,
-            "atropos_api_ingested_sequences_total",
-            "counter",
-            "Sequences accepted.",
-            _by_env(self.ingested_sequences),
-        )
-        _family(
-            lines,
-            "atropos_api_rejected_groups_total",
-            "counter",
-            "Requests rejected, by reason.",
-            {f'reason="{_esc(r)}"': n for r, n in self.rejected.items()},
-        )
-        _family(lines, "atropos_api_batches_served_total", "counter", "Batches served.", {"": self.batches_served})
-        _family(
-            lines, "atropos_api_sequences_served_total", "counter", "Sequences served.", {"": self.sequences_served}
-        )
-        _family(
-            lines,
-            "atropos_api_ingest_groups_per_second",
-            "gauge",
-            "Groups accepted per second (10 s window).",
-            {"": groups_rate},
-        )
-        _family(
-            lines,
-            "atropos_api_served_sequences_per_second",
-            "gauge",
-            "Sequences served per second (10 s window).",
-            {"": seqs_rate},
-        )
+        for name, kind, help_text, samples in families:
+            _family(lines, name, kind, help_text, samples)
         return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,7 @@
 """Pure batching logic of the trajectory API: which queued groups go into the next batch. No HTTP, no I/O.
 
 Sits between ingest (`store.py` hands us `QueuedGroup` handles, never payloads) and `GET /batch` (which turns
-the chosen handles into bytes). The rules follow Atropos' `run-api` (spec §3.2-3.4):
+the chosen handles into bytes). The rules follow Atropos' `run-api` batching:
 
 - every batch has exactly `batch_size` sequences and never splits a group;
 - groups smaller than the largest group size M are combined into "packs" of exactly M sequences (groups of

@@ -1,7 +1,8 @@
 """The trajectory API's state and operations, without HTTP: registration, ingest, batches, status.
 
 `app.py` parses requests and calls these methods; `store.py` persists every change before the method
-returns; `queue.py` decides batch composition. Semantics follow Atropos' `run-api` (spec §3), with three
+returns; `queue.py` decides batch composition. Semantics follow Atropos' `run-api` (atroposlib's
+`api/server.py`; recorded exchanges in tests/data/atroposlib/), with three
 deliberate differences: a bounded queue (`ApiBusy` -> 503), groups refused until a trainer registered
 (`ApiConflict` -> 409), and batches formed one (plus `prefetch`) at a time and served oldest first.
 """

@@ -5,7 +5,7 @@ Layout of an eval dir (`--out DIR`)::
     DIR/config.yaml      the resolved config (env.group_size = --num-samples); --resume compares against it
     DIR/samples.jsonl    one EvalSample per line (k per item, failed ones included), flushed per item
     DIR/failures.jsonl   the RolloutFailures behind failed samples (tracebacks summarised)
-    DIR/metrics.json     Atropos/lighteval layout (spec §4.2): config_general + results{"atropos|<env>_eval|0",
+    DIR/metrics.json     Atropos/lighteval layout (`evaluate_log`): config_general + results{"atropos|<env>_eval|0",
                          "all"}: mean_score, pass@1..k (unbiased estimator) each with _stderr, counts
     DIR/report.html      the HTML report (templates/eval_report.html.j2)
 

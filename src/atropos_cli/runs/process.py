@@ -142,15 +142,7 @@ async def run_process(
     stats = ProcessStats(resumed_groups=len(skip))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-
-    def interrupt() -> None:
-        if stop.is_set():  # a second Ctrl-C: give up on in-flight groups too
-            for task in asyncio.all_tasks(loop):
-                task.cancel()
-        stats.interrupted = True
-        stop.set()
-
-    handles_sigint = _install_sigint(loop, interrupt)
+    handles_sigint = _install_sigint(loop, _interrupt_handler(loop, stop, stats))
     try:
         await loaded.env.setup()
         with (
@@ -178,6 +170,19 @@ async def run_process(
         await loaded.server.aclose()
         finish_outputs(paths)
     return stats
+
+
+def _interrupt_handler(loop: asyncio.AbstractEventLoop, stop: asyncio.Event, stats: ProcessStats) -> Callable[[], None]:
+    """The first Ctrl-C stops new groups (in-flight ones finish); a second one cancels those too."""
+
+    def interrupt() -> None:
+        if stop.is_set():
+            for task in asyncio.all_tasks(loop):
+                task.cancel()
+        stats.interrupted = True
+        stop.set()
+
+    return interrupt
 
 
 def _install_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]) -> bool:

@@ -81,7 +81,8 @@ def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | N
 
 
 def _filter_reason(group: ScoredGroup, env: BaseEnv) -> str | None:
-    """Atropos' group checks (spec §2.5 step 8), applied where the env asked for them."""
+    """Atropos' checks on a scored group before it is sent (`ensure_scores_are_not_same`: identical scores, or
+    fewer rollouts than `group_size` without failures to explain it), applied where the env asked for them."""
     expected = (group.group_overrides or {}).get("group_size", env.config.group_size)
     if env.config.ensure_scores_are_not_same and group.size > 1 and len(set(group.scores)) == 1:
         return "identical scores"
@@ -168,67 +169,78 @@ async def run_groups(
     Items whose index is in `skip` are fetched (to keep the stream aligned) but not run (`--resume`).
     Setting `stop` lets in-flight groups finish and starts no new ones.
     """
-    stop = stop or asyncio.Event()
-    fetch_lock = asyncio.Lock()
-    next_index = 0
-    backlog: list[Item] = []
-    streak = {"count": 0, "error": ""}
-    fatal: list[BaseException] = []
-
-    async def next_item() -> tuple[int, Item] | None:
-        nonlocal next_index
-        async with fetch_lock:
-            while next_index < num_items and not stop.is_set():
-                index = next_index
-                item = backlog.pop() if backlog else await env.get_next_item()
-                if item is None:
-                    return None
-                next_index += 1
-                if index not in skip:
-                    return index, item
-            return None
-
-    async def worker() -> None:
-        while not stop.is_set():
-            job = await next_item()
-            if job is None:
-                return
-            index, item = job
-            try:
-                outcome = await collect_group(env, item, index)
-            except ServerUnreachableError as exc:
-                fatal.append(exc)
-                stop.set()
-                return
-            backlog.extend(outcome.backlog)
-            _track_streak(outcome, streak, max_consecutive_failures, fatal, stop)
-            result = on_outcome(outcome)
-            if asyncio.iscoroutine(result):
-                await result
-
-    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
-    if fatal:
-        exc = fatal[0]
+    run = _GroupRun(env, num_items, skip, stop or asyncio.Event(), on_outcome, max_consecutive_failures)
+    await asyncio.gather(*(run.worker() for _ in range(max(1, concurrency))))
+    if run.fatal:
+        exc = run.fatal[0]
         if isinstance(exc, AtroposError):
             raise RunAborted(exc.message, exc.hint) from None
         raise exc
 
 
-def _track_streak(
-    outcome: GroupOutcome, streak: dict[str, Any], limit: int, fatal: list[BaseException], stop: asyncio.Event
-) -> None:
-    if not outcome.failed:
-        streak["count"], streak["error"] = 0, ""
-        return
-    first = outcome.failures[0]
-    key = f"{first.error_type}: {first.error}"
-    streak["count"] = streak["count"] + 1 if key == streak["error"] or not streak["error"] else 1
-    streak["error"] = key
-    if streak["count"] >= limit and not fatal:
-        fatal.append(
-            RunAborted(
-                f"stopping: {limit} groups in a row failed with {key}",
-                hint="see failures.jsonl; fix the server or env and continue with --resume",
+@dataclass
+class _GroupRun:
+    """The state `run_groups`' workers share: the item stream (in order, one fetch at a time), the env's
+    backlog, the streak of identical failures, and the first fatal error."""
+
+    env: BaseEnv
+    num_items: int
+    skip: Collection[int]
+    stop: asyncio.Event
+    on_outcome: Callable[[GroupOutcome], Awaitable[None] | None]
+    max_consecutive_failures: int
+    next_index: int = 0
+    backlog: list[Item] = field(default_factory=list)
+    streak: int = 0
+    streak_error: str = ""
+    fatal: list[BaseException] = field(default_factory=list)
+    fetch_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def next_item(self) -> tuple[int, Item] | None:
+        async with self.fetch_lock:
+            while self.next_index < self.num_items and not self.stop.is_set():
+                index = self.next_index
+                item = self.backlog.pop() if self.backlog else await self.env.get_next_item()
+                if item is None:
+                    return None
+                self.next_index += 1
+                if index not in self.skip:
+                    return index, item
+            return None
+
+    async def worker(self) -> None:
+        while not self.stop.is_set():
+            job = await self.next_item()
+            if job is None:
+                return
+            index, item = job
+            try:
+                outcome = await collect_group(self.env, item, index)
+            except ServerUnreachableError as exc:
+                self.fatal.append(exc)
+                self.stop.set()
+                return
+            self.backlog.extend(outcome.backlog)
+            self.track_streak(outcome)
+            result = self.on_outcome(outcome)
+            if asyncio.iscoroutine(result):
+                await result
+
+    def track_streak(self, outcome: GroupOutcome) -> None:
+        """Stop the run once `max_consecutive_failures` groups in a row failed with the same error."""
+        if not outcome.failed:
+            self.streak, self.streak_error = 0, ""
+            return
+        first = outcome.failures[0]
+        key = f"{first.error_type}: {first.error}"
+        self.streak = self.streak + 1 if key == self.streak_error or not self.streak_error else 1
+        self.streak_error = key
+        limit = self.max_consecutive_failures
+        if self.streak >= limit and not self.fatal:
+            self.fatal.append(
+                RunAborted(
+                    f"stopping: {limit} groups in a row failed with {key}",
+                    hint="see failures.jsonl; fix the server or env and continue with --resume",
+                )
             )
-        )
-        stop.set()
+            self.stop.set()

@@ -1,6 +1,6 @@
 """`atropos serve ENV`: the online env loop against a trajectory API (ours or atroposlib's `run-api`).
 
-Flow (spec §2.5, with the fixes of issue 5): `setup()` -> `POST /register-env` until the trainer started ->
+Flow (Atropos' `BaseEnv.env_manager` loop): `setup()` -> `POST /register-env` until the trainer started ->
 `GET /info` (adopt batch size / max length) -> loop: `GET /status-env`, start workers (`collect_group`, up
 to `max_num_workers`) unless the off-policy bound is reached, run `evaluate()` every `steps_per_eval` API
 steps and `env.save_checkpoint(step)` every `checkpoint_interval` steps (a run that starts at a later step
