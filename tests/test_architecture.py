@@ -24,7 +24,14 @@ ROOTS = {
 HEAVY = ("torch", "transformers", "datasets", "vllm", "peft")
 # The layers, bottom up: a package may import its own layer's modules and the layers below it, never above.
 LAYERS = [
-    {"atropos_cli.errors", "atropos_cli.types", "atropos_cli.config", "atropos_cli.resources", "atropos_cli.templates"},
+    {
+        "atropos_cli.errors",
+        "atropos_cli.types",
+        "atropos_cli.config",
+        "atropos_cli.resources",
+        "atropos_cli.templates",
+        "atropos_cli.httpguard",
+    },
     {"atropos_cli.inference"},
     {"atropos_cli.tokens", "atropos_cli.env", "atropos_cli.datagen"},
     {"atropos_cli.envs", "atropos_cli.formats", "atropos_cli.api"},

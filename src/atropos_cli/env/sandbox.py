@@ -86,9 +86,9 @@ class SandboxWarning(UserWarning):
 
 
 class SandboxLimits(BaseModel):
-    timeout_s: float = Field(5.0, gt=0)
-    memory_mb: int = Field(512, ge=32)
-    max_output_bytes: int = Field(1_000_000, ge=1024)
+    timeout_s: float = Field(default=5.0, gt=0)
+    memory_mb: int = Field(default=512, ge=32)
+    max_output_bytes: int = Field(default=1_000_000, ge=1024)
 
 
 class SandboxResult(BaseModel):

@@ -35,9 +35,9 @@ __all__ = ["create_app", "ServerSettings", "ChatRequest", "CompletionRequest"]
 
 
 class ServerSettings(BaseModel):
-    max_body_mb: float = Field(8.0, gt=0)
+    max_body_mb: float = Field(default=8.0, gt=0)
     """Largest request body (MiB); past it a 413 and the rest is not read."""
-    max_pending: int = Field(1024, ge=1)
+    max_pending: int = Field(default=1024, ge=1)
     """Most generation requests in flight; past it 503 + Retry-After (health checks stay fast)."""
     api_key: str | None = None
     """Require `Authorization: Bearer KEY` on every request."""
