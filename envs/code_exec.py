@@ -6,8 +6,10 @@ reads any MBPP-style .jsonl/.json/.parquet (columns `text` and `test_list`, opti
 `task_id`), and `--env.dataset_name google-research-datasets/mbpp` loads MBPP from the hub. Each test is an
 `assert` statement; the prompt shows the first one so the model knows the function's name and signature.
 
-Scoring: the last ```python block of the completion (else the whole completion) runs with the tests in
-`atropos_cli.env.sandbox` (time limit `--env.timeout_s`, memory limit `--env.memory_mb`, no network, temp dir).
+Scoring: the last ```python block of the completion (else the whole completion) runs in `atropos_cli.env.sandbox`
+(time limit `--env.timeout_s`, memory limit `--env.memory_mb`; bubblewrap isolation where available). The
+sandboxed process only evaluates the calls the tests make and prints their values as plain literals; this
+process compares them with the expected values (`_shared/codecheck.py`), so a solution cannot forge its score.
 Reward = fraction of tests passed; `correct` = 1 only when all pass. A solution that loops forever or
 eats memory is killed at the limit and scores 0 (its `failure` reason is kept in the rollout's reward parts
 as `timeout` / `memory` flags).

@@ -136,7 +136,8 @@ def test_gzip_bomb_is_refused_after_inflating_at_most_the_limit(client: TestClie
     bomb = _gzip_bomb(512)  # ~0.5 MB on the wire, 512 MiB inflated
     assert len(bomb) < 1024 * 1024
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    resp = client.post("/scored_data", content=bomb, headers={"Content-Encoding": "gzip"})
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    resp = client.post("/scored_data", content=bomb, headers=headers)
     assert resp.status_code == 413
     assert "inflates past the limit" in resp.json()["message"]
     grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before) / 1024
@@ -244,5 +245,6 @@ def test_out_of_range_numbers_are_4xx_never_500(client: TestClient) -> None:
     ):
         resp = client.post("/scored_data", content=body.encode(), headers={"Content-Type": "application/json"})
         assert 400 <= resp.status_code < 500, resp.text
-    assert client.post("/scored_data", content=b"\xff\xfe").json()["hint"] is None
+    json_type = {"Content-Type": "application/json"}
+    assert client.post("/scored_data", content=b"\xff\xfe", headers=json_type).json()["hint"] is None
     assert _queue_size(client) == 0

@@ -31,6 +31,7 @@ LAYERS = [
         "atropos_cli.resources",
         "atropos_cli.retry",
         "atropos_cli.templates",
+        "atropos_cli.httpguard",
     },
     {"atropos_cli.inference"},
     {"atropos_cli.tokens", "atropos_cli.env", "atropos_cli.datagen"},

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
+import os
+import shutil
+import socket
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
 
 from atropos_cli.env.registry import resolve_env
-from atropos_cli.env.sandbox import SandboxLimits, run_python, run_python_async
+from atropos_cli.env.sandbox import SandboxLimits, SandboxWarning, isolation, run_python, run_python_async
 
 DATA = Path(__file__).parent / "data"
 FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
@@ -26,9 +32,10 @@ def item_named(env, entry_point):
 
 
 def test_sandbox_runs_code_in_a_temp_dir():
-    result = run_python("import os; print(os.getcwd()); open('f.txt', 'w').write('x')")
-    assert result.ok and "atropos-sandbox-" in result.stdout
-    assert not Path(result.stdout.strip()).exists()  # the temp dir is gone afterwards
+    result = run_python("import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())")
+    assert result.ok and result.stdout.splitlines()[1] == "x"
+    cwd = result.stdout.splitlines()[0]
+    assert cwd == "/sandbox" if result.isolation == "bwrap" else "atropos-sandbox-" in cwd
 
 
 def test_sandbox_kills_an_infinite_loop_at_the_time_limit():
@@ -105,3 +112,219 @@ def test_bundled_problems_pass_with_their_reference_solutions():
     assert len(items) == len(rows) >= 10
     for row, item in zip(rows, items, strict=True):
         assert env.reward(row["code"], item)["correct"] == 1.0, row["text"]
+
+
+# ---- forging the reward: each completion tries to make every problem score full marks without solving it ----
+_NAMES = (
+    "import __main__, re\n"
+    "_src = ' '.join(str(x) for k in ('_tests', '_calls') for x in getattr(__main__, k, []))\n"
+    "_names = set(re.findall(r'([A-Za-z_]\\w*)\\(', _src)) - {'set', 'len', 'sorted', 'list', 'isclose'}\n"
+)
+FORGERIES = {
+    "reads the nonce and prints a fake verdict": (
+        "import __main__, os, sys\n"
+        "_n = len(getattr(__main__, '_tests', getattr(__main__, '_calls', [])))\n"
+        "sys.__stdout__.write('\\n' + getattr(__main__, '_nonce', '') + ' {\"passed\": ' + str([True] * _n).lower()"
+        " + ', \"error\": null}\\n')\n"
+        "sys.__stdout__.flush()\n"
+        "os._exit(0)\n"
+    ),
+    "rewrites the test list": (
+        "import __main__\n"
+        "for _k in ('_tests', '_calls'):\n"
+        "    if hasattr(__main__, _k):\n"
+        "        getattr(__main__, _k)[:] = ['pass'] * len(getattr(__main__, _k))\n"
+    ),
+    "returns an object equal to everything": _NAMES
+    + (
+        "class Anything:\n"
+        "    def __eq__(self, other): return True\n"
+        "    def __ne__(self, other): return False\n"
+        "    def __bool__(self): return True\n"
+        "    __hash__ = object.__hash__\n"
+        "for _name in _names:\n"
+        "    globals()[_name] = lambda *a, **k: Anything()\n"
+    ),
+    "copies the expected values out of the harness' files": _NAMES
+    + (
+        "import os\n"
+        "_text = ''.join(open(f, errors='ignore').read() for f in os.listdir('.') if os.path.isfile(f))\n"
+        "_table = {c: e for c, e in re.findall(r'assert (\\w+\\(.*?\\)) == (.*?)\"', _text)}\n"
+        "for _name in _names:\n"
+        "    globals()[_name] = (lambda n: lambda *a: eval(\n"
+        "        _table.get(n + '(' + ', '.join(map(repr, a)) + ')', 'object()')))(_name)\n"
+    ),
+    "exits early after printing fake result rows": (
+        "import json, os\n"
+        "for _fd in [1] + [int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2]:\n"
+        "    try:\n"
+        "        os.write(_fd, ''.join(json.dumps({'i': i, 'v': 'Anything()', 'passed': True}) + '\\n'"
+        " for i in range(64)).encode() + b'ALL TESTS PASSED\\n')\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "os._exit(0)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forged_completions_score_zero_on_every_problem(name):
+    env = make_env()
+    completion = f"```python\n{FORGERIES[name]}```"
+    scores = {item["id"]: env.reward(completion, item)["score"] for item in env.items("eval")}
+    assert set(scores.values()) == {0.0}, scores
+
+
+def test_process_code_with_forged_completions_writes_mean_score_zero(fake_server, tmp_path):
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    server = fake_server(rule=[f"```python\n{code}```" for code in FORGERIES.values()])
+    out = tmp_path / "forged"
+    args = ["process", "code", "--out", str(out), "--num-groups", "6", "--group-size", "5"]
+    result = CliRunner().invoke(app, [*args, "--openai.base_url", server.base_url])
+    assert result.exit_code == 0, result.output
+    groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
+    assert len(groups) == 6 and {s for g in groups for s in g["scores"]} == {0.0}
+    assert "mean score 0.000" in result.output
+
+
+def test_honest_solutions_still_pass_tests_of_every_shape():
+    from atropos_cli.env.sandbox import SandboxLimits as Limits
+    from atropos_cli.envs._shared.codecheck import check_solution
+
+    code = "import math\ndef f(x):\n    return [x, x / 3]\ndef g(s):\n    return {'n': len(s), 's': set(s)}\n"
+    tests = [
+        "assert f(3) == [3, 1.0]",
+        "assert math.isclose(f(1)[1], 0.3333, rel_tol=0.001)",
+        "assert set(g('aba')['s']) == {'a', 'b'} and g('')['n'] == 0",
+        "assert all(v > 0 for v in f(2))",
+        "assert not f(0)[0]",
+        "assert f(2) != (2, 2 / 3)",  # a list is not a tuple, as in plain Python
+    ]
+    assert check_solution(code, tests, Limits()) == {"passed": 6, "total": 6, "failure": None}
+    wrong = check_solution(code.replace("x / 3", "x / 4"), tests, Limits())
+    assert wrong["passed"] == 4
+
+
+# ---- escaping the sandbox: each attempt bypasses the audit hook (ctypes, _posixsubprocess) ----
+def _escape_code(home_file: Path, sock_path: Path) -> str:
+    return f"""\
+import ctypes, os, socket, time
+libc = ctypes.CDLL(None)
+print("system", libc.system(b"echo shell-ran > {home_file}.shell"))
+try:
+    import _posixsubprocess
+    r, w = os.pipe()
+    pid = _posixsubprocess.fork_exec([b"/bin/sh", b"-c", b"echo x > {home_file}.fork"], [b"/bin/sh"], True, (), None,
+        None, -1, -1, -1, -1, -1, -1, r, w, True, False, -1, None, None, None, -1, None, False)  # 3.11's signature
+    print("fork_exec", pid)
+except Exception as exc:
+    print("fork_exec blocked", type(exc).__name__)
+try:
+    open("{home_file}", "w").write("escaped")
+    print("wrote home")
+except OSError as exc:
+    print("home blocked", exc.errno)
+fd = socket.AF_UNIX
+try:
+    s = socket.socket(fd, socket.SOCK_STREAM)
+except PermissionError:  # the audit hook: go around it
+    s = None
+sock = libc.socket(1, 1, 0)
+addr = (ctypes.c_ushort(1).value.to_bytes(2, "little") + b"{sock_path}").ljust(110, bytes(1))
+print("connect", libc.connect(sock, addr, len(addr)))
+child = libc.fork()
+if child == 0:
+    libc.setsid()
+    time.sleep(0.5)
+    open("{home_file}.orphan", "w").write("still running")
+    os._exit(0)
+print("forked", child)
+"""
+
+
+def _listen(path: Path) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+    server.setblocking(False)
+    return server
+
+
+def _accepted(server: socket.socket) -> bool:
+    try:
+        server.accept()[0].close()
+        return True
+    except BlockingIOError:
+        return False
+
+
+@pytest.fixture
+def host_paths(tmp_path):
+    # A directory under $HOME: the sandbox must not write there (tmp_path itself may be on a tmpfs).
+    home = Path.home() / f".atropos-sandbox-test-{os.getpid()}"
+    home.mkdir()
+    sock_dir = Path(tempfile.mkdtemp(prefix="sbx-", dir="/tmp"))  # short: unix socket paths max 107 bytes
+    yield home / "escape.txt", sock_dir / "s"
+    shutil.rmtree(home, ignore_errors=True)
+    shutil.rmtree(sock_dir, ignore_errors=True)
+
+
+def _wait_for_orphan(path: Path) -> bool:
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline:
+        if path.exists():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.mark.skipif(isolation() != "bwrap", reason="bubblewrap is not usable on this machine")
+def test_bwrap_sandbox_blocks_ctypes_fork_exec_home_writes_host_sockets_and_orphans(host_paths):
+    home_file, sock_path = host_paths
+    server = _listen(sock_path)
+    try:
+        result = run_python(_escape_code(home_file, sock_path))
+        assert result.isolation == "bwrap" and result.ok, result.stderr
+        assert "system 32512" in result.stdout  # no shell in the sandbox (exit status 127)
+        assert "home blocked" in result.stdout  # and fork_exec may fork, but its exec of /bin/sh fails
+        assert "connect -1" in result.stdout
+        assert not _accepted(server)
+        # Whatever it forked died with it: the orphan never writes (and could not write there anyway).
+        assert not _wait_for_orphan(home_file.with_suffix(".txt.orphan"))
+        assert not list(home_file.parent.iterdir())
+    finally:
+        server.close()
+
+
+def test_fallback_without_namespaces_warns_what_is_not_isolated(monkeypatch, host_paths):
+    monkeypatch.setenv("ATROPOS_SANDBOX", "none")
+    isolation.cache_clear()
+    try:
+        with pytest.warns(SandboxWarning, match="write files anywhere.*host unix sockets.*run a shell.*forked"):
+            assert isolation() == "none"
+        result = run_python("print('still limited')", SandboxLimits(timeout_s=5))
+        assert result.ok and result.isolation == "none"
+        hook = run_python("import socket\nsocket.socket()")
+        assert "not allowed" in hook.stderr  # the audit hook still refuses the obvious routes
+    finally:
+        isolation.cache_clear()
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare here")
+def test_unshare_fallback_blocks_network_and_orphans_and_warns_about_files(monkeypatch, host_paths):
+    home_file, sock_path = host_paths
+    monkeypatch.setenv("ATROPOS_SANDBOX", "unshare")
+    isolation.cache_clear()
+    try:
+        with pytest.warns(SandboxWarning, match="filesystem is writable"):
+            mode = isolation()
+        if mode != "unshare":
+            pytest.skip("user namespaces are not allowed here")
+        result = run_python(_escape_code(home_file, sock_path))
+        assert result.isolation == "unshare" and result.ok, result.stderr
+        assert not _wait_for_orphan(home_file.with_suffix(".txt.orphan"))  # the pid namespace ended
+    finally:
+        isolation.cache_clear()

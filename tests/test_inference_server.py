@@ -134,7 +134,8 @@ def test_prompt_longer_than_context_is_400(served):
 
 def test_bad_json_and_missing_messages_are_400(served):
     url, _ = served
-    assert httpx.post(f"{url}/v1/chat/completions", content=b"{not json").status_code == 400
+    json_type = {"Content-Type": "application/json"}
+    assert httpx.post(f"{url}/v1/chat/completions", content=b"{not json", headers=json_type).status_code == 400
     resp = httpx.post(f"{url}/v1/chat/completions", json={"n": 2})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "messages"
 

@@ -4,26 +4,26 @@ paths, bodies and response shapes, plus `/health` and `/metrics`.
 Sits between the network and `service.ApiService`. Request bodies go through `wire.py` (size limit, gzip
 with an inflate limit, strict JSON, ScoredGroup validation). Errors use real status codes with a JSON body
 `{"status": "error", "message": ..., "hint": ...}`: 400 bad JSON/gzip, 401 bad token, 403 reset disabled,
-404 unknown env, 409 no trainer yet, 413 too large, 422 invalid group, 503 queue full (+ Retry-After).
+403 a browser's cross-site request or reset disabled, 404 unknown env, 409 no trainer yet, 413 too large, 415 a
+body that is not JSON, 422 invalid group, 503 queue full (+ Retry-After). `httpguard` runs before any route.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from atropos_cli.api import wire
 from atropos_cli.api.service import (
     ApiBusy,
     ApiConflict,
+    ApiInvalid,
     ApiNotFound,
     ApiService,
     ApiSettings,
@@ -31,6 +31,7 @@ from atropos_cli.api.service import (
     Registration,
 )
 from atropos_cli.api.wire import WireError
+from atropos_cli.httpguard import BearerAuth, BrowserGuard
 
 __all__ = ["create_app"]
 
@@ -44,8 +45,6 @@ _EMPTY_EXAMPLE: dict[str, Any] = {
 
 def _error(status: int, message: str, hint: str | None = None, **extra: Any) -> JSONResponse:
     headers = {"Retry-After": _RETRY_AFTER_S} if status == 503 else None
-    if status == 401:
-        headers = {"WWW-Authenticate": "Bearer"}
     body = {"status": "error", "message": message, "hint": hint, **extra}
     return JSONResponse(body, status_code=status, headers=headers)
 
@@ -70,32 +69,16 @@ def _install_error_handlers(app: FastAPI, service: ApiService) -> None:
     async def _not_found(_: Request, exc: ApiNotFound) -> JSONResponse:
         return _error(404, exc.message, exc.hint)
 
-
-class BearerAuth:
-    """Pure ASGI middleware: every request needs `Authorization: Bearer <key>` (cheaper than a dependency)."""
-
-    def __init__(self, app: ASGIApp, api_key: str, service: ApiService) -> None:
-        self.app, self.key, self.service = app, api_key.encode(), service
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        header = dict(scope["headers"]).get(b"authorization", b"")
-        scheme, _, token = header.partition(b" ")
-        if scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.key):
-            await self.app(scope, receive, send)
-            return
-        self.service.metrics.on_reject("unauthorized")
-        message = "missing or wrong bearer token" if header else "this API requires a bearer token"
-        hint = "send 'Authorization: Bearer <key>' (atropos serve: --api-key or ATROPOS_API_KEY)"
-        await _error(401, message, hint)(scope, receive, send)
+    @app.exception_handler(ApiInvalid)
+    async def _invalid(_: Request, exc: ApiInvalid) -> JSONResponse:
+        service.metrics.on_reject("invalid_group")
+        return _error(422, exc.message, exc.hint)
 
 
 Handler = Callable[[Request], Awaitable[Any]]
 
 
-def _route(app: FastAPI, method: str, path: str) -> Callable[[Handler], Handler]:
+def _route(app: FastAPI, method: str | list[str], path: str) -> Callable[[Handler], Handler]:
     """Register a plain Starlette route (no FastAPI dependency solving: ~0.2 ms less per request); a dict
     answer is encoded with orjson."""
 
@@ -106,7 +89,8 @@ def _route(app: FastAPI, method: str, path: str) -> Callable[[Handler], Handler]
                 return answer
             return Response(orjson.dumps(answer), media_type="application/json")
 
-        app.router.add_route(path, endpoint, methods=[method], include_in_schema=False)
+        methods = [method] if isinstance(method, str) else method
+        app.router.add_route(path, endpoint, methods=methods, include_in_schema=False)
         return handler
 
     return register
@@ -147,7 +131,11 @@ def create_app(
     app = FastAPI(title="atropos api", lifespan=lifespan)
     app.state.service = service
     if settings.api_key:
-        app.add_middleware(BearerAuth, api_key=settings.api_key, service=service)
+        hint = "send 'Authorization: Bearer <key>' (atropos serve: --api-key or ATROPOS_API_KEY)"
+        app.add_middleware(
+            BearerAuth, api_key=settings.api_key, render=_error, hint=hint, on_reject=service.metrics.on_reject
+        )
+    app.add_middleware(BrowserGuard, render=_error, on_reject=service.metrics.on_reject)  # outermost: runs first
     _install_error_handlers(app, service)
     _trainer_routes(app, service)
     _env_routes(app, service)
@@ -264,7 +252,8 @@ def _admin_routes(app: FastAPI, service: ApiService) -> None:
             return JSONResponse(_EMPTY_EXAMPLE)
         return Response(payload, media_type="application/json")
 
-    @_route(app, "GET", "/reset_data")
+    # GET as in Atropos (its sft/dpo tools call it); a browser cannot reach it (BrowserGuard); POST works too.
+    @_route(app, ["GET", "POST"], "/reset_data")
     async def reset_data(_: Request) -> Response:
         if service.settings.disable_reset:
             return _error(403, "/reset_data is disabled on this API", "restart it without --disable-reset")

@@ -3,11 +3,14 @@
 Sits between ingest (`store.py` hands us `QueuedGroup` handles, never payloads) and `GET /batch` (which turns
 the chosen handles into bytes). The rules follow Atropos' `run-api` batching:
 
-- every batch has exactly `batch_size` sequences and never splits a group;
+- every batch has exactly `batch_size` sequences and never splits a group (a group larger than batch_size is
+  refused at ingest: no batch could hold it);
 - groups smaller than the largest group size M are combined into "packs" of exactly M sequences (groups of
   one size bucket, FIFO), so a batch is a whole number of packs (sizes are expected to divide M);
 - a registered env's group whose size differs from the env's `group_size` waits in a per-env buffer until
   buffered groups sum exactly to `group_size` (FIFO first, then a subset-sum search), then enters the queue;
+- when that packing fails but some queued groups sum exactly to `batch_size` (sizes that do not divide M, e.g.
+  one 12-rollout group among 8s), the oldest such groups form the batch (ours: Atropos would wait forever);
 - `min_batch_allocation`: each env with a minimum first gets `int(batch_size * min)` sequences (scaled down
   proportionally when minimums exceed the batch), the rest is filled in queue order;
 - optional `mix="weighted"`: a batch is split between connected envs in proportion to their weights (ours;
@@ -24,7 +27,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
-__all__ = ["QueuedGroup", "EnvSlot", "BatchQueue", "find_subset", "MixMode"]
+__all__ = ["QueuedGroup", "EnvSlot", "BatchQueue", "find_subset", "exact_counts", "MixMode"]
 
 MixMode = Literal["fifo", "weighted"]
 
@@ -83,6 +86,7 @@ class BatchQueue:
         self.envs: dict[int, EnvSlot] = {}
         self._sizes: Counter[int] = Counter()
         self._env_seqs: Counter[int | None] = Counter()  # kept incrementally: /status-env is polled 10x/s
+        self._no_exact: tuple[tuple[int, int], ...] | None = None  # queue sizes for which _exact found nothing
 
     # ---- ingest -------------------------------------------------------------------------------------
     def add(self, group: QueuedGroup) -> list[QueuedGroup]:
@@ -148,10 +152,29 @@ class BatchQueue:
             chosen = self._with_minimums(minimums)
         else:
             chosen = _fill(_packs(self.queue.values(), self.max_group_size), self.batch_size, set())
+            chosen = chosen if chosen is not None else self._exact()
         if chosen is None:
             return None
         self.remove(chosen)
         return chosen
+
+    def _exact(self) -> list[QueuedGroup] | None:
+        """Fallback when packing by the largest size M fails because sizes do not divide M (a 12 among 8s): the
+        oldest groups whose sizes sum exactly to batch_size, if any combination does. Remembered per multiset
+        of queued sizes, so polling an unfillable queue costs nothing."""
+        key = tuple(sorted(self._sizes.items()))
+        if key == self._no_exact or sum(s * c for s, c in key) < self.batch_size:
+            return None
+        counts = exact_counts(dict(key), self.batch_size)
+        if counts is None:
+            self._no_exact = key
+            return None
+        taken: list[QueuedGroup] = []
+        for g in self.queue.values():
+            if counts.get(g.size, 0) > 0:
+                counts[g.size] -= 1
+                taken.append(g)
+        return taken
 
     def _minimums(self) -> dict[int, int]:
         mins = {e.env_id: e.min_batch_allocation for e in self.envs.values() if e.connected and e.min_batch_allocation}
@@ -211,6 +234,19 @@ class BatchQueue:
                 return None
             taken.extend(more)
         return sorted(taken, key=lambda g: g.gid)
+
+
+def exact_counts(sizes: dict[int, int], target: int) -> dict[int, int] | None:
+    """How many groups of each size (at most the count available) sum exactly to target; None if impossible.
+    A bounded knapsack over the distinct sizes: O(distinct sizes x target x count)."""
+    reach: dict[int, dict[int, int]] = {0: {}}
+    for size, count in sorted(sizes.items(), reverse=True):
+        for total, picked in list(reach.items()):
+            for k in range(1, min(count, (target - total) // size) + 1):
+                reach.setdefault(total + k * size, {**picked, size: k})
+        if target in reach:
+            return dict(reach[target])
+    return None
 
 
 def _packs(groups: Iterable[QueuedGroup], m: int) -> Iterator[list[QueuedGroup]]:

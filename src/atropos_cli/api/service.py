@@ -15,14 +15,16 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field, ValidationError
 
 from atropos_cli.api.metrics import ApiMetrics, QueueGauges
 from atropos_cli.api.queue import BatchQueue, EnvSlot, QueuedGroup
 from atropos_cli.api.store import GROUP_BUFFERED, GROUP_QUEUED, Store
 from atropos_cli.errors import AtroposError
 
-__all__ = ["ApiSettings", "ApiService", "ApiBusy", "ApiConflict", "ApiNotFound", "Registration", "RegisterEnv"]
+__all__ = [
+    "ApiSettings", "ApiService", "ApiBusy", "ApiConflict", "ApiNotFound", "ApiInvalid", "Registration", "RegisterEnv",
+]  # fmt: skip
 
 
 class ApiSettings(BaseModel):
@@ -41,7 +43,7 @@ class Registration(BaseModel):
 
     wandb_group: str
     wandb_project: str
-    batch_size: int
+    batch_size: int = Field(ge=1)
     max_token_len: int
     checkpoint_dir: str
     save_checkpoint_interval: int
@@ -54,9 +56,10 @@ class RegisterEnv(BaseModel):
 
     max_token_length: int
     desired_name: str
-    weight: float
-    group_size: int
-    min_batch_allocation: float | None = None
+    weight: float = Field(ge=0, allow_inf_nan=False)
+    group_size: int = Field(ge=1)
+    min_batch_allocation: float | None = Field(None, ge=0, le=1)
+    """The share of every batch reserved for this env (a fraction of batch_size)."""
 
 
 class ApiBusy(AtroposError):
@@ -69,6 +72,10 @@ class ApiConflict(AtroposError):
 
 class ApiNotFound(AtroposError):
     """An id that does not exist (HTTP 404)."""
+
+
+class ApiInvalid(AtroposError):
+    """A well-formed request that this run can never serve, e.g. a group larger than the batch (HTTP 422)."""
 
 
 @dataclass
@@ -92,6 +99,7 @@ class ApiService:
         self.env_info: dict[int, dict[str, Any]] = {}
         self.pending: deque[tuple[int, list[QueuedGroup]]] = deque()
         self.latest: bytes | None = None  # one group's bytes: /latest_example outlives the batch
+        self.restore_notes: list[str] = []  # what the restore had to repair (the CLI prints them)
         self._restore()
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -120,6 +128,15 @@ class ApiService:
         self.store.close()
 
     def _add_env_slot(self, env_id: int, info: dict[str, Any]) -> None:
+        try:
+            RegisterEnv.model_validate({k: info.get(k) for k in RegisterEnv.model_fields if k in info})
+        except ValidationError as exc:  # written by an older version that did not validate: neutralise it
+            note = exc.errors()[0]
+            self.restore_notes.append(
+                f"env {env_id} ({info.get('real_name')}): stored {'.'.join(map(str, note['loc']))} is invalid "
+                f"({note['msg']}); restored as disconnected, without a minimum allocation"
+            )
+            info = {**info, "connected": False, "min_batch_allocation": None, "weight": 0.0, "group_size": 1}
         self.env_info[env_id] = info
         self.queue.envs[env_id] = EnvSlot(
             env_id=env_id,
@@ -192,9 +209,27 @@ class ApiService:
                 hint="retry after the trainer pulls batches (see Retry-After)",
             )
 
+    def check_servable(self, items: list[IngestItem]) -> None:
+        """Refuse groups no batch can ever take (larger than batch_size) or for an env that does not exist."""
+        batch_size = self.registration.batch_size if self.registration else None
+        for index, item in enumerate(items):
+            where = "group" if len(items) == 1 else f"group {index}"
+            if batch_size is not None and item.size > batch_size:
+                raise ApiInvalid(
+                    f"{where} has {item.size} sequences, more than the trainer's batch_size of {batch_size}: "
+                    "no batch could ever hold it (groups are never split)",
+                    hint=f"use a group_size of at most {batch_size}",
+                )
+            if item.env_id is not None and item.env_id not in self.env_info:
+                raise ApiInvalid(
+                    f"{where} names env_id {item.env_id}, which is not registered",
+                    hint="use the env_id that /register-env returned (ids are reset by /reset_data)",
+                )
+
     async def ingest(self, items: list[IngestItem]) -> list[dict[str, Any]]:
         """Store and queue validated groups in one transaction; one Atropos-shaped answer per group."""
         self.check_accepting(len(items))
+        self.check_servable(items)
         rows: list[tuple[int, int | None, int, int, bytes]] = []
         moved: list[int] = []
         answers: list[dict[str, Any]] = []

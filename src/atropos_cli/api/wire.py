@@ -96,6 +96,12 @@ def to_ingest_item(data: Any, index: int | None = None) -> IngestItem:
         raise WireError(422, f"invalid {where}: {_first_error(exc)}", "invalid_group") from None
     except ValueError as exc:
         raise WireError(422, f"invalid {where}: {exc}", "no_tokens") from None
+    empty = next((i for i, toks in enumerate(group.tokens) if not toks), None)
+    if empty is not None:
+        raise WireError(422, f"invalid {where}: rollout {empty} has no tokens", "invalid_group")
+    if group.env_id is not None and group.env_id < 0:
+        raise WireError(422, f"invalid {where}: env_id {group.env_id} is negative", "invalid_group",
+                        hint="use the env_id that /register-env returned")  # fmt: skip
     try:
         payload = orjson.dumps(group.to_scored_data())
     except TypeError as exc:  # e.g. an integer beyond 64 bits, which no trainer could read either

@@ -74,6 +74,8 @@ def api_command(
             f"step {service.step}, {len(service.pending)} formed batches restored",
             soft_wrap=True,
         )
+        for note in service.restore_notes:
+            console.print(f"[yellow]warning:[/] {note}", soft_wrap=True)
         if api_key:
             console.print("auth: bearer token required on every endpoint")
         elif host not in ("127.0.0.1", "localhost", "::1"):

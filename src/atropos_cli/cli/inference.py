@@ -28,6 +28,14 @@ def inference_command(
     max_wait_ms: Annotated[
         float, typer.Option(min=0, help="Keep a batch open until no request arrived for this long (ms).")
     ] = 3.0,
+    api_key: Annotated[
+        str | None,
+        typer.Option(envvar="ATROPOS_INFERENCE_API_KEY", help="Require 'Authorization: Bearer KEY' on every call."),
+    ] = None,
+    max_body_mb: Annotated[float, typer.Option(min=0.001, help="Largest request body (MiB); past it a 413.")] = 8.0,
+    max_pending: Annotated[
+        int, typer.Option(min=1, help="Most generation requests in flight; past it 503 + Retry-After.")
+    ] = 1024,
 ) -> None:
     """Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health,
     POST /reload_weights {"path": DIR} to swap in new weights without restarting)."""
@@ -36,7 +44,7 @@ def inference_command(
 
         from atropos_cli.config import ServerConfig
         from atropos_cli.inference.local import LocalBackend
-        from atropos_cli.inference.server import create_app
+        from atropos_cli.inference.server import ServerSettings, create_app
 
         config = ServerConfig(server_type="local", model_name=model, device=device, dtype=dtype)
         backend = LocalBackend(config, max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000)
@@ -44,7 +52,12 @@ def inference_command(
             f"serving {backend.model_name!r} (version {backend.version}, {backend.device}, "
             f"context {backend.max_model_len}) on http://{host}:{port}/v1"
         )
-        uvicorn.run(create_app(backend), host=host, port=port, log_level="warning")
+        settings = ServerSettings(max_body_mb=max_body_mb, max_pending=max_pending, api_key=api_key or None)
+        if api_key:
+            console.print("auth: bearer token required on every endpoint")
+        elif host not in ("127.0.0.1", "localhost", "::1"):
+            console.print(f"[yellow]warning:[/] bound to {host} without --api-key: anyone who can reach it can use it")
+        uvicorn.run(create_app(backend, settings), host=host, port=port, log_level="warning")
 
 
 def register(app: typer.Typer) -> None:

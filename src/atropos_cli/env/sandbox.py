@@ -1,17 +1,23 @@
-"""Running untrusted Python in a subprocess with time, memory, output and network limits (the code env's judge).
+"""Running untrusted Python in a subprocess with time, memory, output, filesystem and network limits (the code
+env's judge runs model-written code here).
 
-Layers, strongest first:
-- a wall-clock limit (the whole process group is SIGKILLed at `timeout_s`) and RLIMIT_CPU as a backstop
-  (rlimits are set by a small guard script in the child before the code runs, not by preexec_fn);
-- RLIMIT_AS (address space) at `memory_mb`: an allocation past it raises MemoryError in the child;
-- stdout/stderr go to files in a fresh temp dir capped by RLIMIT_FSIZE, so a print loop cannot fill the
-  parent's memory; the temp dir is the child's cwd and HOME and is deleted afterwards;
-- no network: `unshare -rn` (an empty network namespace) when the kernel allows it, and in every case an
-  audit hook in the child that refuses socket creation and new processes (`python -I`, so no user site or
-  PYTHONPATH).
+Isolation, chosen once per process by `isolation()` (strongest available):
 
-This is a guard against accidents and casual misuse (loops, memory hogs, stray requests), not a security
-boundary against a determined attacker; run untrusted code at scale in a container or VM.
+- `bwrap` (bubblewrap, when installed and the kernel allows namespaces): new user, pid, network, ipc, uts and
+  mount namespaces. The child sees only the Python installation and the system libraries, read-only; a fresh
+  empty /tmp; /dev and /proc of its own; its work dir (the only writable place, deleted afterwards). No
+  host sockets (no network interface but loopback, no host unix socket paths), no shell or other programs
+  (/bin is not mounted), runs as uid 65534, and every process it forks dies with it (the pid namespace ends).
+- `unshare` (util-linux, when bwrap is missing): new user, pid, network and mount namespaces (`unshare
+  --user --map-root-user --mount --pid --net --fork --kill-child`): no network, no host abstract sockets, the
+  process tree killed at the end; the filesystem is NOT read-only and unix socket files stay reachable.
+- `none`: only the rlimits and audit hook below, with a warning naming what is not isolated.
+
+In every mode the child also gets: a wall-clock limit (the process group is SIGKILLed at `timeout_s`),
+RLIMIT_CPU as a backstop, RLIMIT_AS at `memory_mb` (an allocation past it raises MemoryError), output files
+capped by RLIMIT_FSIZE, and an audit hook that refuses sockets, subprocesses, fork and exec through Python's
+own APIs (ctypes and `_posixsubprocess` bypass the hook: that is why the namespaces matter). The limits are
+set by a small guard script in the child before the code runs, not by preexec_fn.
 """
 
 from __future__ import annotations
@@ -24,13 +30,27 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
+import warnings
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
-__all__ = ["SandboxLimits", "SandboxResult", "run_python", "run_python_async", "network_isolation"]
+__all__ = [
+    "SandboxLimits",
+    "SandboxResult",
+    "SandboxWarning",
+    "Isolation",
+    "isolation",
+    "run_python",
+    "run_python_async",
+]
+
+Isolation = Literal["bwrap", "unshare", "none"]
+_MOUNT = "/sandbox"  # the work dir's path inside a bwrap sandbox
 
 _GUARD = """\
 import resource, runpy, sys
@@ -51,11 +71,24 @@ sys.argv = sys.argv[4:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
 
+NOT_ISOLATED: dict[Isolation, str] = {
+    "bwrap": "",
+    "unshare": "the filesystem is writable wherever this user can write (home included) and host unix socket "
+    "files are reachable (install bubblewrap for a read-only root)",
+    "none": "code can write files anywhere this user can (home included), reach the network and host unix "
+    "sockets through ctypes, run a shell, and leave forked processes running "
+    "(install bubblewrap, or allow user namespaces, for real isolation)",
+}
+
+
+class SandboxWarning(UserWarning):
+    """The sandbox runs with weaker isolation than bubblewrap gives (printed once per process)."""
+
 
 class SandboxLimits(BaseModel):
-    timeout_s: float = Field(5.0, gt=0)
-    memory_mb: int = Field(512, ge=32)
-    max_output_bytes: int = Field(1_000_000, ge=1024)
+    timeout_s: float = Field(default=5.0, gt=0)
+    memory_mb: int = Field(default=512, ge=32)
+    max_output_bytes: int = Field(default=1_000_000, ge=1024)
 
 
 class SandboxResult(BaseModel):
@@ -65,6 +98,7 @@ class SandboxResult(BaseModel):
     timed_out: bool = False
     memory_exceeded: bool = False
     duration_s: float = 0.0
+    isolation: Isolation = "none"
 
     @property
     def ok(self) -> bool:
@@ -82,16 +116,72 @@ class SandboxResult(BaseModel):
         return None if self.returncode == 0 else "error"
 
 
-@functools.cache
-def network_isolation() -> bool:
-    """Whether `unshare -rn` works here (user + network namespaces); checked once per process."""
-    if shutil.which("unshare") is None or not sys.platform.startswith("linux"):
-        return False
+def _python() -> str:
+    """The real interpreter (not a venv's symlink): the sandbox mounts its installation, not the venv."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
+
+
+def _ro_paths() -> list[str]:
+    """Directories the child may read: the Python installation and the system libraries (no /bin, no /etc)."""
+    paths = {sys.base_prefix, sys.base_exec_prefix, sysconfig.get_paths()["stdlib"], os.path.dirname(_python())}
+    paths |= {p for p in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/libx32") if os.path.isdir(p)}
+    if sys.base_prefix == "/usr":  # a system Python: mount its binary, not the whole of /usr/bin
+        paths.discard("/usr/bin")
+        paths.add(_python())
+    return sorted(p for p in paths if p and os.path.exists(p))
+
+
+def bwrap_command(workdir: Path) -> list[str]:
+    """The bubblewrap prefix that runs a command in `workdir` (mounted at /sandbox) with nothing else writable."""
+    command = [
+        "bwrap", "--unshare-all", "--unshare-user", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox",
+        "--die-with-parent", "--new-session", "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    for path in _ro_paths():
+        command += ["--ro-bind", path, path]
+    for link in ("/lib", "/lib64", "/lib32"):
+        if os.path.islink(link):
+            command += ["--symlink", os.readlink(link), link]
+        elif os.path.isdir(link):
+            command += ["--ro-bind", link, link]
+    command += ["--bind", str(workdir), _MOUNT, "--chdir", _MOUNT, "--clearenv"]
+    for key, value in _env(Path(_MOUNT)).items():
+        command += ["--setenv", key, value]
+    return command
+
+
+_UNSHARE = ["unshare", "--user", "--map-root-user", "--mount", "--pid", "--net", "--fork", "--kill-child"]
+
+
+def _works(command: list[str]) -> bool:
     try:
-        done = subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=5)
+        done = subprocess.run(command, capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return done.returncode == 0
+
+
+@functools.cache
+def isolation() -> Isolation:
+    """The strongest isolation this machine allows, probed once per process (env ATROPOS_SANDBOX=bwrap|unshare|
+    none caps it, e.g. to test the fallback); warns (SandboxWarning) when it is weaker than bwrap."""
+    wanted = os.environ.get("ATROPOS_SANDBOX", "bwrap")
+    order: list[Isolation] = ["bwrap", "unshare", "none"]
+    start = order.index(wanted) if wanted in order else 0  # type: ignore[arg-type]
+    chosen: Isolation = "none"
+    if sys.platform.startswith("linux"):
+        with tempfile.TemporaryDirectory(prefix="atropos-sandbox-probe-") as tmp:
+            probe = {
+                "bwrap": [*bwrap_command(Path(tmp)), _python(), "-I", "-c", "pass"],
+                "unshare": [*_UNSHARE, _python(), "-I", "-c", "pass"],
+            }
+            for mode in order[start:-1]:
+                if shutil.which(mode) and _works(probe[mode]):
+                    chosen = mode
+                    break
+    if chosen != "bwrap":
+        warnings.warn(f"code sandbox: isolation '{chosen}': {NOT_ISOLATED[chosen]}", SandboxWarning, stacklevel=2)
+    return chosen
 
 
 def _prepare(workdir: Path, code: str, files: dict[str, str] | None, limits: SandboxLimits) -> list[str]:
@@ -101,8 +191,11 @@ def _prepare(workdir: Path, code: str, files: dict[str, str] | None, limits: San
         (workdir / name).write_text(text, encoding="utf-8")
     memory = str(limits.memory_mb * 1024 * 1024)
     cpu = str(int(limits.timeout_s) + 1)
-    command = [sys.executable, "-I", "_guard.py", memory, cpu, str(limits.max_output_bytes), "main.py"]
-    return ["unshare", "-rn", *command] if network_isolation() else command
+    command = [_python(), "-I", "_guard.py", memory, cpu, str(limits.max_output_bytes), "main.py"]
+    mode = isolation()
+    if mode == "bwrap":
+        return [*bwrap_command(workdir), *command]
+    return [*_UNSHARE, *command] if mode == "unshare" else command
 
 
 def _env(workdir: Path) -> dict[str, str]:
@@ -121,18 +214,20 @@ def _collect(workdir: Path, returncode: int | None, timed_out: bool, started: fl
         timed_out=timed_out,
         memory_exceeded="MemoryError" in stderr[-2000:],
         duration_s=round(time.perf_counter() - started, 4),
+        isolation=isolation(),
     )
 
 
 def _kill_group(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
 
 
 def run_python(
     code: str, limits: SandboxLimits | None = None, stdin: str = "", files: dict[str, str] | None = None
 ) -> SandboxResult:
-    """Run `code` as `main.py` in a fresh temp dir under the limits; blocks until it ends or is killed."""
+    """Run `code` as `main.py` in a fresh temp dir under the limits; blocks until it ends or is killed. Whatever
+    it started is killed too (in the `none` mode only what stayed in its process group)."""
     limits = limits or SandboxLimits()
     with tempfile.TemporaryDirectory(prefix="atropos-sandbox-") as tmp:
         workdir = Path(tmp)
@@ -153,8 +248,8 @@ def run_python(
                 proc.wait(timeout=limits.timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                _kill_group(proc.pid)
-                proc.wait()
+            _kill_group(proc.pid)  # also on a normal exit: children it left in its group go with it
+            proc.wait()
         return _collect(workdir, proc.returncode, timed_out, started)
 
 

@@ -1,327 +1,178 @@
-"""`atropos inference`: an OpenAI-compatible HTTP server over the in-process `LocalBackend`.
+"""The OpenAI-compatible HTTP app: `atropos inference` serves a local model with it, and the fake test server
+(`atropos_cli.testing.fake_server`) is one more backend behind the same app, so both share one request schema
+(`openai_schema`) and one set of limits.
 
-`create_app(backend)` is a FastAPI factory. Endpoints: `GET /health` ({status, model, version}),
-`GET /v1/models`, `GET /stats` (batching counters), `POST /v1/chat/completions`, `POST /v1/completions`,
-and `POST /reload_weights {"path": DIR}` (what the trainer calls after a step: the backend swaps weights
-between two batches and bumps `version`). Concurrent HTTP requests reach the backend concurrently; each is
-announced to the batcher while its body is parsed, so a burst of requests becomes one batch.
+`create_app(served, settings)` is a FastAPI factory over a `Served` (a `LocalBackend` is wrapped in
+`LocalServed`). Endpoints: `GET /health`, `GET /v1/models`, `GET /stats`, `POST /v1/chat/completions`,
+`POST /v1/completions`, and `POST /reload_weights {"path": DIR}` (the trainer calls it after a step: the local
+backend swaps weights between two batches and bumps `version`).
 
-Response shapes follow OpenAI (so the `openai` package parses them) plus vLLM's extensions: with
-`"return_token_ids": true`, chat responses carry `prompt_token_ids` at the top level and `token_ids` per
-choice; completion choices carry both. Logprobs are raw (before temperature), like vLLM's default.
-Errors use real status codes with OpenAI's error body: an unsupported parameter, a bad value or a prompt
-longer than the context is a 400 that names the parameter.
+Limits, checked before any model work: browser cross-site requests and non-JSON bodies are refused
+(`httpguard`); with an API key every request needs `Authorization: Bearer KEY`; a body over `max_body_mb` is
+a 413 (read no further); a prompt whose text cannot fit the context is a 400 before it is tokenized; past
+`max_pending` generation requests in flight new ones get 503 + Retry-After, so `/health` stays fast.
+Errors use real status codes with OpenAI's error body; a bad parameter value is a 400 that names it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
-import uuid
-from contextlib import asynccontextmanager
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
 
 from atropos_cli.errors import AtroposError, ModelLoadError
-from atropos_cli.inference.base import Generation, SamplingParams
-from atropos_cli.inference.local import BadRequestError, LocalBackend, LocalChoice
+from atropos_cli.httpguard import BearerAuth, BrowserGuard
+from atropos_cli.inference.local import BadRequestError, LocalBackend
+from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, parse_request
+from atropos_cli.inference.served import LocalServed, Served
 
-__all__ = ["create_app", "ChatRequest", "CompletionRequest"]
-
-# OpenAI / vLLM parameters accepted only at their no-op value; anything else is a 400 naming the parameter.
-NOOP_VALUES: dict[str, tuple[Any, ...]] = {
-    "stream": (None, False),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "repetition_penalty": (None, 1),
-    "logit_bias": (None, {}),
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),
-    "parallel_tool_calls": (None, True, False),
-    "response_format": (None, {"type": "text"}),
-    "stream_options": (None,),
-    "top_k": (None, -1, 0),
-    "min_tokens": (None, 0),
-    "skip_special_tokens": (None, True),
-    "include_stop_str_in_output": (None, False),
-    "echo": (None, False),
-    "best_of": (None, 1),
-    "suffix": (None, ""),
-}
-IGNORED = {"user", "metadata", "store", "service_tier", "model"}
+__all__ = ["create_app", "ServerSettings", "ChatRequest", "CompletionRequest"]
 
 
-class _Common(BaseModel):
+class ServerSettings(BaseModel):
+    max_body_mb: float = Field(default=8.0, gt=0)
+    """Largest request body (MiB); past it a 413 and the rest is not read."""
+    max_pending: int = Field(default=1024, ge=1)
+    """Most generation requests in flight; past it 503 + Retry-After (health checks stay fast)."""
+    api_key: str | None = None
+    """Require `Authorization: Bearer KEY` on every request."""
+
+
+class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    path: str = Field(min_length=1)
 
-    n: int = Field(1, ge=1, le=512)
-    temperature: float = Field(1.0, ge=0.0, le=10.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    return_token_ids: bool = False
 
-    def sampling(self, max_tokens: int | None) -> SamplingParams:
-        stop = [self.stop] if isinstance(self.stop, str) else self.stop
-        return SamplingParams(
-            n=self.n, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens, stop=stop or None,
-            seed=self.seed, logprobs=True,
+def _render(status: int, message: str, hint: str | None = None) -> JSONResponse:
+    text = message + (f" (hint: {hint})" if hint else "")
+    kind = "server_error" if status >= 500 else "invalid_request_error"
+    return JSONResponse({"error": {"message": text, "type": kind, "param": None, "code": status}}, status)
+
+
+def _error(exc: HTTPError) -> JSONResponse:
+    body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}}
+    return JSONResponse(body, status_code=exc.status, headers=exc.headers)
+
+
+async def _read_json(request: Request, limit: int) -> Any:
+    declared = request.headers.get("content-length", "")
+    too_large = HTTPError(413, f"request body is over the limit of {limit} bytes (--max-body-mb)")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        return orjson.loads(b"".join(chunks))
+    except orjson.JSONDecodeError:
+        raise HTTPError(400, "request body is not valid JSON") from None
+
+
+class _Gate:
+    """Counts generation requests in flight; refuses new ones past the limit (503 + Retry-After)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.pending = limit, 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Any:
+        if self.pending >= self.limit:
+            raise HTTPError(
+                503, f"server busy: {self.pending} requests in flight (limit {self.limit})", kind="server_error",
+                headers={"Retry-After": "1"},
+            )  # fmt: skip
+        self.pending += 1
+        try:
+            yield
+        finally:
+            self.pending -= 1
+
+
+def _check_prompt_size(served: Served, req: ChatRequest | CompletionRequest) -> None:
+    limit = served.max_prompt_chars()
+    chars = req.prompt_chars()
+    if limit is not None and chars > limit:
+        raise HTTPError(
+            400, f"prompt has {chars} characters: more than the model's context can hold ({limit} at most)",
+            param="messages" if isinstance(req, ChatRequest) else "prompt",
         )  # fmt: skip
 
 
-class ChatRequest(_Common):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class CompletionRequest(_Common):
-    prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
-    logprobs: int | None = Field(None, ge=0, le=20)
-
-
-class _HTTPError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.kind = status, message, param, kind
-
-
-def _parse(body: Any, model: type[BaseModel]) -> Any:
-    if not isinstance(body, dict):
-        raise _HTTPError(400, "request body must be a JSON object")
-    kept = {}
-    for key, value in body.items():
-        if key in model.model_fields:
-            kept[key] = value
-        elif key in NOOP_VALUES:
-            if value not in NOOP_VALUES[key]:
-                raise _HTTPError(400, f"unsupported value for parameter {key!r}: {value!r}", param=key)
-        elif key not in IGNORED:
-            raise _HTTPError(400, f"unsupported parameter {key!r}", param=key)
-    try:
-        return model.model_validate(kept)
-    except ValidationError as exc:
-        err = exc.errors()[0]
-        param = str(err["loc"][0]) if err["loc"] else None
-        raise _HTTPError(400, f"bad value for parameter {param!r}: {err['msg']}", param=param) from None
-
-
-def _text_content(message: dict[str, Any]) -> dict[str, Any]:
-    """OpenAI allows content as a list of parts; the chat template wants a string."""
-    content = message.get("content")
-    if isinstance(content, list):
-        texts = [p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"]
-        if len(texts) != len(content):
-            raise _HTTPError(400, "only text content parts are supported", param="messages")
-        return {**message, "content": "".join(texts)}
-    if content is None:
-        return {**message, "content": ""}
-    return message
-
-
-class _TokenText:
-    """Text and UTF-8 bytes of single tokens, memoised per tokenizer (decoding is the costly part of logprobs)."""
-
-    def __init__(self) -> None:
-        self._tokenizer: Any = None
-        self._cache: dict[int, tuple[str, list[int]]] = {}
-
-    def __call__(self, tokenizer: Any, token_id: int) -> tuple[str, list[int]]:
-        if tokenizer is not self._tokenizer:  # a reload brought a new tokenizer
-            self._tokenizer, self._cache = tokenizer, {}
-        hit = self._cache.get(token_id)
-        if hit is None:
-            text = tokenizer.decode([token_id])
-            hit = self._cache[token_id] = (text, list(text.encode("utf-8")))
-        return hit
-
-
-_token_text = _TokenText()
-
-
-def _token_entry(tokenizer: Any, token_id: int, logprob: float) -> dict[str, Any]:
-    text, raw = _token_text(tokenizer, token_id)
-    return {"token": text, "logprob": logprob, "bytes": raw}
-
-
-def _chat_logprobs(tokenizer: Any, choice: LocalChoice) -> dict[str, Any]:
-    content = []
-    for step, (tid, lp) in enumerate(zip(choice.token_ids or [], choice.logprobs or [], strict=True)):
-        entry = _token_entry(tokenizer, tid, lp)
-        alts = choice.top_logprobs[step] if choice.top_logprobs else []
-        entry["top_logprobs"] = [_token_entry(tokenizer, a, alp) for a, alp in alts]
-        content.append(entry)
-    return {"content": content}
-
-
-def _completion_logprobs(tokenizer: Any, choice: LocalChoice) -> dict[str, Any]:
-    tokens = [_token_text(tokenizer, t)[0] for t in choice.token_ids or []]
-    offsets, at = [], 0
-    for token in tokens:
-        offsets.append(at)
-        at += len(token)
-    top = None
-    if choice.top_logprobs is not None:
-        top = [{_token_text(tokenizer, a)[0]: alp for a, alp in alts} for alts in choice.top_logprobs]
-    return {"tokens": tokens, "token_logprobs": choice.logprobs, "top_logprobs": top, "text_offset": offsets}
-
-
-def _usage(generations: list[Generation]) -> dict[str, int]:
-    prompt = sum(g.usage.prompt_tokens for g in generations)
-    completion = sum(g.usage.completion_tokens for g in generations)
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _chat_response(backend: LocalBackend, req: ChatRequest, gen: Generation) -> dict[str, Any]:
-    choices = []
-    for choice in gen.choices:
-        assert isinstance(choice, LocalChoice)
-        item: dict[str, Any] = {
-            "index": choice.index,
-            "message": {"role": "assistant", "content": choice.text},
-            "logprobs": _chat_logprobs(backend.tokenizer, choice) if req.logprobs else None,
-            "finish_reason": choice.finish_reason,
-        }
-        if req.return_token_ids:
-            item["token_ids"] = choice.token_ids
-        choices.append(item)
-    body: dict[str, Any] = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": backend.model_name,
-        "choices": choices,
-        "usage": _usage([gen]),
-    }
-    if req.return_token_ids:
-        body["prompt_token_ids"] = gen.prompt_token_ids
-    return body
-
-
-def _completion_response(backend: LocalBackend, req: CompletionRequest, gens: list[Generation]) -> dict[str, Any]:
-    choices = []
-    for p, gen in enumerate(gens):
-        for choice in gen.choices:
-            assert isinstance(choice, LocalChoice)
-            item: dict[str, Any] = {
-                "index": p * req.n + choice.index,
-                "text": choice.text,
-                "logprobs": _completion_logprobs(backend.tokenizer, choice) if req.logprobs is not None else None,
-                "finish_reason": choice.finish_reason,
-            }
-            if req.return_token_ids:
-                item["token_ids"] = choice.token_ids
-                item["prompt_token_ids"] = gen.prompt_token_ids
-            choices.append(item)
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": backend.model_name,
-        "choices": choices,
-        "usage": _usage(gens),
-    }
-
-
-def _prompts(prompt: Any) -> list[str | list[int]]:
-    """A completions `prompt` is a string, a list of ids, or a list of either (one entry per prompt)."""
-    if isinstance(prompt, str) or (prompt and all(isinstance(t, int) for t in prompt)):
-        return [prompt]
-    if not prompt:
-        raise _HTTPError(400, "prompt is empty", param="prompt")
-    return list(prompt)
-
-
-def _error(exc: _HTTPError) -> JSONResponse:
-    body = {"error": {"message": exc.message, "type": exc.kind, "param": exc.param, "code": exc.status}}
-    return JSONResponse(body, status_code=exc.status)
-
-
-def create_app(backend: LocalBackend) -> FastAPI:
+def create_app(backend: Served | LocalBackend, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving `backend`. Closing the app (lifespan end) closes the backend."""
+    served: Served = LocalServed(backend) if isinstance(backend, LocalBackend) else backend
+    settings = settings or ServerSettings()
+    limit = int(settings.max_body_mb * 1024 * 1024)
+    gate = _Gate(settings.max_pending)
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI):
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        await backend.aclose()
+        await served.aclose()
 
-    app = FastAPI(title="atropos inference", lifespan=lifespan)
+    app = FastAPI(title=f"atropos inference ({served.model_name})", lifespan=lifespan)
+    app.state.served = served
+    if settings.api_key:
+        hint = "send 'Authorization: Bearer KEY' (OpenAI clients: api_key=KEY)"
+        app.add_middleware(BearerAuth, api_key=settings.api_key, render=_render, hint=hint)
+    app.add_middleware(BrowserGuard, render=_render)
+    _error_handlers(app)
+    _info_routes(app, served)
 
-    @app.exception_handler(_HTTPError)
-    async def _on_http_error(_: Request, exc: _HTTPError) -> JSONResponse:
+    async def generate(request: Request, model: type[Any], run: Callable[[Any], Awaitable[Any]]) -> Response:
+        with gate.slot(), served.arriving():  # a burst of requests being parsed becomes one batch
+            req = parse_request(await _read_json(request, limit), model, served.strict)
+            _check_prompt_size(served, req)
+            answer = await run(req)
+        # a JSONResponse skips FastAPI's jsonable_encoder walk over the nested body (measurably faster)
+        return answer if isinstance(answer, Response) else JSONResponse(answer)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await generate(request, ChatRequest, served.chat)
+
+    @app.post("/v1/completions")
+    async def complete(request: Request) -> Response:
+        return await generate(request, CompletionRequest, served.complete)
+
+    @app.post("/reload_weights")
+    async def reload_weights(request: Request) -> dict[str, Any]:
+        req = parse_request(await _read_json(request, limit), ReloadRequest, strict=True)  # type: ignore[arg-type]
+        return await served.reload(req.path)
+
+    return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(HTTPError)
+    async def _on_http_error(_: Request, exc: HTTPError) -> JSONResponse:
         return _error(exc)
 
     @app.exception_handler(AtroposError)
     async def _on_atropos_error(_: Request, exc: AtroposError) -> JSONResponse:
         message = exc.message + (f" (hint: {exc.hint})" if exc.hint else "")
         if isinstance(exc, BadRequestError | ModelLoadError):
-            return _error(_HTTPError(400, message))
-        return _error(_HTTPError(500, message, kind="server_error"))
+            return _error(HTTPError(400, message))
+        return _error(HTTPError(500, message, kind="server_error"))
 
-    async def _json(request: Request) -> Any:
-        try:
-            return await request.json()
-        except ValueError:
-            raise _HTTPError(400, "request body is not valid JSON") from None
 
+def _info_routes(app: FastAPI, served: Served) -> None:
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "ok", "model": backend.model_name, "version": backend.version}
+        return served.health()
 
     @app.get("/stats")
     async def stats() -> dict[str, Any]:
-        """Batching counters: how many model calls served how many sequences (rows / batches = batch size)."""
-        batcher = backend.batcher
-        return {"version": backend.version, "batches": batcher.batches_run, "rows": batcher.rows_run}
+        return served.stats()
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        card = {
-            "id": backend.model_name,
-            "object": "model",
-            "created": int(time.time()),
-            "owned_by": "atropos",
-            "root": backend.tokenizer_name,
-            "max_model_len": backend.max_model_len,
-            "version": backend.version,
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> JSONResponse:
-        with backend.batcher.arriving():  # a burst of requests being parsed becomes one batch
-            req: ChatRequest = _parse(await _json(request), ChatRequest)
-            messages = [_text_content(m) for m in req.messages]
-            top = (req.top_logprobs or 0) if req.logprobs else 0
-            params = req.sampling(req.max_completion_tokens or req.max_tokens)
-            generation = await backend.chat(messages, params, top_logprobs=top)
-        # a JSONResponse skips FastAPI's jsonable_encoder walk over the nested body (measurably faster)
-        return JSONResponse(_chat_response(backend, req, generation))
-
-    @app.post("/v1/completions")
-    async def complete(request: Request) -> JSONResponse:
-        with backend.batcher.arriving():
-            req: CompletionRequest = _parse(await _json(request), CompletionRequest)
-            params = req.sampling(req.max_tokens)
-            top = req.logprobs or 0
-            prompts = _prompts(req.prompt)
-            gens = await asyncio.gather(*(backend.complete(p, params, top_logprobs=top) for p in prompts))
-        return JSONResponse(_completion_response(backend, req, list(gens)))
-
-    class ReloadRequest(BaseModel):
-        model_config = ConfigDict(extra="forbid")
-        path: str
-
-    @app.post("/reload_weights")
-    async def reload_weights(request: Request) -> dict[str, Any]:
-        req: ReloadRequest = _parse(await _json(request), ReloadRequest)
-        version = await backend.areload(req.path)
-        return {"status": "ok", "model": backend.model_name, "version": version, "path": req.path}
-
-    return app
+        return {"object": "list", "data": [served.model_card()]}

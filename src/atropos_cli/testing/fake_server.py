@@ -1,8 +1,9 @@
 """A real OpenAI-compatible inference server with scripted answers, for tests and benchmarks (no model, no GPU).
 
-It sits where vLLM would: the router and `OpenAICompatBackend` talk to it over real HTTP on 127.0.0.1. It
-speaks `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health` and `GET /stats`,
-and answers vLLM-style (`prompt_token_ids`, per-choice `token_ids`, `logprobs`) with a deterministic
+It sits where vLLM would: the router and `OpenAICompatBackend` talk to it over real HTTP on 127.0.0.1. It is
+one more backend (a `Served`) behind `atropos inference`'s app (`inference.server.create_app`): the same
+request schema, limits and cross-site guard, with vLLM's leniency (unknown sampling parameters are accepted
+and logged). It answers vLLM-style (`prompt_token_ids`, per-choice `token_ids`, `logprobs`) with a deterministic
 tokenisation: one token per UTF-8 byte, token id = byte value.
 
 Knobs reproduce what real servers do to clients: latency (an `asyncio.sleep`, so concurrent requests overlap),
@@ -18,45 +19,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import os
 import random
 import re
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, prompt_list
 
 __all__ = ["FakeInferenceServer", "Rule", "main"]
 
 Rule = str | list[str] | Callable[[str, int], str]
 _QUESTION = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\?")
-
-
-class _ChatRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    messages: list[dict[str, Any]]
-    n: int = 1
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
-    stop: str | list[str] | None = None
-    logprobs: bool | None = None
-    return_token_ids: bool | None = None
-
-
-class _CompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    model: str = ""
-    prompt: str | list[int]
-    n: int = 1
-    max_tokens: int | None = 16
-    stop: str | list[str] | None = None
-    logprobs: int | None = None
-    return_token_ids: bool | None = None
 
 
 def encode(text: str) -> list[int]:
@@ -142,6 +120,8 @@ class FakeInferenceServer:
         accuracy: float = 0.5,
         seed: int = 0,
         model_name: str = "fake-model",
+        api_key: str | None = None,
+        max_body_mb: float = 64.0,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -155,6 +135,9 @@ class FakeInferenceServer:
         self.reject_logprobs = reject_logprobs
         self.garbage = garbage
         self.model_name = model_name
+        self.api_key = api_key
+        self.max_body_mb = max_body_mb
+        self.version = 0
         self.host = host
         self.port = port
         self._error_rng = random.Random(seed + 1)
@@ -223,13 +206,69 @@ class FakeInferenceServer:
         count = 1 if self.ignore_n else max(1, n)
         return [_cut(self.answer(prompt), max_tokens, stop) for _ in range(count)]
 
-    def chat_body(self, req: _ChatRequest) -> dict[str, Any]:
-        users = [m for m in req.messages if m.get("role") == "user"]
-        prompt = str(users[-1].get("content") or "") if users else ""
-        max_tokens = req.max_completion_tokens or req.max_tokens
-        want_ids = self.return_tokens and bool(req.return_token_ids)
+    # -- the Served interface (what inference.server.create_app calls) ------------------------------------
+
+    strict = False  # like vLLM: unknown sampling parameters (top_k, min_p, ...) are accepted
+
+    def health(self) -> dict[str, Any]:
+        return {"status": "ok", "model": self.model_name, "version": self.version}
+
+    def model_card(self) -> dict[str, Any]:
+        return {"id": self.model_name, "object": "model", "created": 0, "owned_by": "atropos-fake"}
+
+    def max_prompt_chars(self) -> int | None:
+        return None
+
+    @contextlib.contextmanager
+    def arriving(self) -> Iterator[None]:
+        yield
+
+    async def chat(self, req: ChatRequest) -> dict[str, Any] | Any:
+        return await self._answer(req, lambda: self.chat_body(req))
+
+    async def complete(self, req: CompletionRequest) -> dict[str, Any] | Any:
+        return await self._answer(req, lambda: self.completion_body(req))
+
+    async def reload(self, path: str) -> dict[str, Any]:
+        """Pretend to load weights: the directory must exist; bumps `version` (trainer-sync tests)."""
+        if not os.path.isdir(path):
+            raise HTTPError(400, f"checkpoint directory {path!r} does not exist", param="path")
+        self.version += 1
+        return {"status": "ok", "model": self.model_name, "version": self.version, "path": path}
+
+    async def aclose(self) -> None:
+        return None
+
+    async def _answer(self, req: ChatRequest | CompletionRequest, build: Callable[[], dict[str, Any]]) -> Any:
+        from fastapi.responses import JSONResponse, PlainTextResponse
+
+        self.requests += 1
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            body = req.model_dump(exclude_unset=True)
+            self.request_log = [*self.request_log[-999:], body]
+            if self.latency_s > 0:
+                await asyncio.sleep(self.latency_s)
+            fault = self._fault(body)
+            if fault is not None:
+                self.errors_sent += 1
+                status, message = fault
+                headers = {"Retry-After": str(self.retry_after)} if self.retry_after is not None else None
+                error = {"message": message, "type": "fake_error", "param": None, "code": status}
+                return JSONResponse({"error": error}, status_code=status, headers=headers)
+            if self.garbage:
+                return PlainTextResponse("<html>upstream proxy error</html>", status_code=200)
+            return build()
+        finally:
+            self.in_flight -= 1
+
+    def chat_body(self, req: ChatRequest) -> dict[str, Any]:
+        users = [m for m in req.messages if m.role == "user"]
+        prompt = users[-1].text() if users else ""
+        want_ids = self.return_tokens and req.return_token_ids
         choices = []
-        for index, (text, finish) in enumerate(self._choices(prompt, req.n, max_tokens, req.stop)):
+        for index, (text, finish) in enumerate(self._choices(prompt, req.n, req.budget, req.stop)):
             ids = encode(text)
             choice: dict[str, Any] = {
                 "index": index,
@@ -245,35 +284,38 @@ class FakeInferenceServer:
             if want_ids:
                 choice["token_ids"] = ids
             choices.append(choice)
-        prompt_ids = encode(render_chat(req.messages))
+        prompt_ids = encode(render_chat([m.for_template() for m in req.messages]))
         body = self._envelope("chat.completion", choices, len(prompt_ids))
         if want_ids:
             body["prompt_token_ids"] = prompt_ids
         return body
 
-    def completion_body(self, req: _CompletionRequest) -> dict[str, Any]:
-        if isinstance(req.prompt, list):
-            prompt = bytes(t % 256 for t in req.prompt).decode("utf-8", errors="replace")
-            prompt_ids = list(req.prompt)
-        else:
-            prompt, prompt_ids = req.prompt, encode(req.prompt)
-        want_ids = self.return_tokens and bool(req.return_token_ids)
-        choices = []
-        for index, (text, finish) in enumerate(self._choices(prompt, req.n, req.max_tokens, req.stop)):
-            ids = encode(text)
-            choice: dict[str, Any] = {"index": index, "text": text, "finish_reason": finish, "logprobs": None}
-            if self.return_tokens and req.logprobs is not None:
-                choice["logprobs"] = {
-                    "tokens": [chr(t) for t in ids],
-                    "token_logprobs": [token_logprob(t) for t in ids],
-                    "top_logprobs": None,
-                    "text_offset": list(range(len(ids))),
-                }
-            if want_ids:
-                choice["token_ids"] = ids
-                choice["prompt_token_ids"] = prompt_ids  # vLLM puts them per choice on /v1/completions
-            choices.append(choice)
-        return self._envelope("text_completion", choices, len(prompt_ids))
+    def completion_body(self, req: CompletionRequest) -> dict[str, Any]:
+        want_ids = self.return_tokens and req.return_token_ids
+        choices, prompt_tokens = [], 0
+        for p, one in enumerate(prompt_list(req.prompt)):
+            if isinstance(one, list):
+                prompt = bytes(t % 256 for t in one).decode("utf-8", errors="replace")
+                prompt_ids = list(one)
+            else:
+                prompt, prompt_ids = one, encode(one)
+            prompt_tokens += len(prompt_ids)
+            for index, (text, finish) in enumerate(self._choices(prompt, req.n, req.max_tokens, req.stop)):
+                ids = encode(text)
+                choice: dict[str, Any] = {"index": p * req.n + index, "text": text, "finish_reason": finish}
+                choice["logprobs"] = None
+                if self.return_tokens and req.logprobs is not None:
+                    choice["logprobs"] = {
+                        "tokens": [chr(t) for t in ids],
+                        "token_logprobs": [token_logprob(t) for t in ids],
+                        "top_logprobs": None,
+                        "text_offset": list(range(len(ids))),
+                    }
+                if want_ids:
+                    choice["token_ids"] = ids
+                    choice["prompt_token_ids"] = prompt_ids  # vLLM puts them per choice on /v1/completions
+                choices.append(choice)
+        return self._envelope("text_completion", choices, prompt_tokens)
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]], prompt_tokens: int) -> dict[str, Any]:
         self.choices_sent += len(choices)
@@ -295,56 +337,10 @@ class FakeInferenceServer:
 
 
 def build_app(server: FakeInferenceServer) -> Any:
-    """The FastAPI app behind a FakeInferenceServer (its handlers read and update `server`)."""
-    from fastapi import FastAPI
-    from fastapi.responses import JSONResponse, PlainTextResponse, Response
+    """The app behind a FakeInferenceServer: `atropos inference`'s own app with the fake as its backend."""
+    from atropos_cli.inference.server import ServerSettings, create_app
 
-    app = FastAPI(title="atropos fake inference server")
-
-    async def answer(req: BaseModel, build: Callable[[], dict[str, Any]]) -> Response:
-        server.requests += 1
-        server.in_flight += 1
-        server.max_in_flight = max(server.max_in_flight, server.in_flight)
-        try:
-            body = req.model_dump(exclude_unset=True)
-            server.request_log = [*server.request_log[-999:], body]
-            if server.latency_s > 0:
-                await asyncio.sleep(server.latency_s)
-            fault = server._fault(body)
-            if fault is not None:
-                server.errors_sent += 1
-                status, message = fault
-                headers = {"Retry-After": str(server.retry_after)} if server.retry_after is not None else None
-                error = {"message": message, "type": "fake_error", "param": None, "code": status}
-                return JSONResponse({"error": error}, status_code=status, headers=headers)
-            if server.garbage:
-                return PlainTextResponse("<html>upstream proxy error</html>", status_code=200)
-            return JSONResponse(build())
-        finally:
-            server.in_flight -= 1
-
-    @app.post("/v1/chat/completions")
-    async def chat(req: _ChatRequest):  # no return annotation: FastAPI would try to resolve it
-        return await answer(req, lambda: server.chat_body(req))
-
-    @app.post("/v1/completions")
-    async def completions(req: _CompletionRequest):
-        return await answer(req, lambda: server.completion_body(req))
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        card = {"id": server.model_name, "object": "model", "created": 0, "owned_by": "atropos-fake"}
-        return {"object": "list", "data": [card]}
-
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/stats")
-    async def stats() -> dict[str, Any]:
-        return server.stats()
-
-    return app
+    return create_app(server, ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key))
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
