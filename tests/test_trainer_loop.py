@@ -209,18 +209,20 @@ def test_ctrl_c_stops_the_loop_and_leaves_a_checkpoint(tiny_model: Path, tmp_pat
 
 
 def test_external_inference_server_is_asked_to_reload_each_checkpoint(tiny_model: Path, tmp_path: Path):
-    """`--inference external` against a real `atropos inference` server: checkpoints + POST /reload_weights."""
+    """`--inference external` against a real `atropos inference` server with an API key: checkpoints + POST
+    /reload_weights, authorised with the key the env's clients use (--openai.api_key)."""
     import uvicorn
 
     from atropos_cli.config import ServerConfig
     from atropos_cli.inference.local import LocalBackend
-    from atropos_cli.inference.server import create_app
+    from atropos_cli.inference.server import ServerSettings, create_app
 
     backend = LocalBackend(ServerConfig(server_type="local", model_name=str(tiny_model)))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(create_app(backend), log_level="warning", lifespan="on"))
+    app = create_app(backend, ServerSettings(api_key="s3cret"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -229,7 +231,8 @@ def test_external_inference_server_is_asked_to_reload_each_checkpoint(tiny_model
             time.sleep(0.02)
         env_file = tmp_path / "parity_env.py"
         env_file.write_text(PARITY_ENV)
-        dotted = ["--openai.base_url", f"{url}/v1", "--openai.server_type", "vllm", "--openai.model_name",
+        dotted = ["--openai.base_url", f"{url}/v1", "--openai.api_key", "s3cret", "--openai.server_type", "vllm",
+                  "--openai.model_name",
                   str(tiny_model), "--openai.tokenizer_name", str(tiny_model), "--env.group_size", "4",
                   "--env.max_token_length", "6"]  # fmt: skip
         opts = RunOptions(env=str(env_file), dotted_args=dotted, inference="external", groups_per_step=2)

@@ -152,7 +152,8 @@ def _source(
         sync = vllm_sync = VLLMSync(vllm, out, opts.sync_every, opts.vllm_sync)
         on_event(vllm_sync.describe())
     else:
-        sync = CheckpointSync(out, opts.sync_every, rollouts.run_config.openai[0].base_url or None)
+        server_config = rollouts.run_config.openai[0]
+        sync = CheckpointSync(out, opts.sync_every, server_config.base_url or None, server_config.api_key)
     return rollouts.batches(opts.groups_per_step), sync, rollouts
 
 

@@ -71,8 +71,12 @@ class CheckpointSync:
     """Writes a checkpoint every `every` steps for an external server, and asks it to load the checkpoint
     when it has a `POST /reload_weights` endpoint (`atropos inference` does); otherwise we only write files."""
 
-    def __init__(self, out: Path, every: int, server_url: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(
+        self, out: Path, every: int, server_url: str | None = None, api_key: str = "", timeout: float = 120.0
+    ) -> None:
         self.out, self.every, self.timeout = out, max(1, every), timeout
+        # the key the env's clients use for that server (--openai.api_key) also authorises the reload
+        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.reload_url = server_url.rstrip("/").removesuffix("/v1") + "/reload_weights" if server_url else None
 
     def __call__(self, trainer: Any) -> dict[str, Any]:
@@ -92,7 +96,9 @@ class CheckpointSync:
         if self.reload_url is None:
             return None
         try:
-            response = httpx.post(self.reload_url, json={"path": str(path.resolve())}, timeout=self.timeout)
+            response = httpx.post(
+                self.reload_url, json={"path": str(path.resolve())}, headers=self.headers, timeout=self.timeout
+            )
         except httpx.TransportError as exc:
             raise AtroposError(
                 f"cannot reach {self.reload_url!r} to load the new weights ({type(exc).__name__})",
