@@ -232,3 +232,25 @@ def test_ctrl_c_leaves_valid_files_and_resume_completes(tmp_path, fake_server):
 def test_unknown_flags_are_errors(flag, tmp_path):
     result = invoke("arithmetic", "--out", str(tmp_path / "r"), flag, "3")
     assert result.exit_code == 2 and "unknown" in result.output
+
+
+def test_resume_reports_corrupt_lines_and_loses_nothing(tmp_path, fake_server):
+    server = fake_server(rule="arithmetic")
+    out = tmp_path / "r"
+    args = ["arithmetic", "--out", str(out), "--num-groups", "6", "--base-url", server.base_url]
+    assert invoke(*args).exit_code == 0
+    lines = (out / "groups.jsonl").read_text().splitlines(keepends=True)
+    lost_index = json.loads(lines[2])["meta"]["index"]
+    lines[2] = '{"tokens": [[1, 2]], "masks": oops\n'  # a corrupt middle line
+    (out / "groups.jsonl").write_text("".join(lines))
+    (out / "failures.jsonl").write_text('{"kind": "rollout", "err\n{"kind": "group", "error_type": "X"}\n')
+    result = invoke(*args, "--resume")
+    assert result.exit_code == 0, result.output
+    assert "Traceback" not in result.output
+    assert "2 unreadable line(s)" in result.output
+    assert f"{out / 'groups.jsonl'}:3" in result.output and f"{out / 'failures.jsonl'}:1" in result.output
+    assert "5 kept from before" in result.output
+    text = (out / "groups.jsonl").read_text()
+    assert "oops" in text and '"err' in (out / "failures.jsonl").read_text()  # nothing deleted
+    indices = sorted(json.loads(line)["meta"]["index"] for line in text.splitlines() if "oops" not in line)
+    assert indices == list(range(6)) and lost_index in indices

@@ -28,11 +28,20 @@ from pathlib import Path
 
 from atropos_cli.config import RunConfig
 from atropos_cli.env.loading import LoadedEnv
+from atropos_cli.formats.reader import BadRecord, parse_line
 from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.rollout import GroupOutcome, run_groups
 from atropos_cli.runs.rundir import claim_output
 
-__all__ = ["RunPaths", "ProcessStats", "prepare_output", "run_process", "default_out_dir"]
+__all__ = [
+    "RunPaths",
+    "ProcessStats",
+    "ResumeState",
+    "prepare_output",
+    "scan_for_resume",
+    "run_process",
+    "default_out_dir",
+]
 
 
 @dataclass(frozen=True)
@@ -94,24 +103,59 @@ def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
     return candidate
 
 
-def _done_indices(paths: RunPaths) -> set[int]:
-    """Item indices already in groups.jsonl (and filtered in failures.jsonl); also drops a torn last line."""
-    from atropos_cli.formats.reader import iter_groups
+@dataclass
+class ResumeState:
+    """What `--resume` found: the item indices to skip, and the lines it could not read (left in place)."""
 
-    done: set[int] = set()
-    if paths.groups.exists():
-        _truncate_partial_line(paths.groups)
-        for sourced in iter_groups([paths.groups]):
-            meta = sourced.group.meta
-            if meta is not None and meta.index is not None:
-                done.add(meta.index)
-    if paths.failures.exists():
-        _truncate_partial_line(paths.failures)
-        for line in paths.failures.read_text().splitlines():
-            record = json.loads(line)
-            if record.get("error_type") == "Filtered" and record.get("index") is not None:
-                done.add(record["index"])
-    return done
+    skip: set[int] = field(default_factory=set)
+    bad_lines: list[BadRecord] = field(default_factory=list)
+
+
+def _scan_lines(path: Path, state: ResumeState, index_of: Callable[[bytes], int | None | str]) -> None:
+    """Add each line's item index to `state.skip`; a line `index_of` cannot read (a str reason) is reported."""
+    if not path.exists():
+        return
+    _truncate_partial_line(path)
+    with path.open("rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            found = index_of(line)
+            if isinstance(found, str):
+                state.bad_lines.append(BadRecord(f"{path}:{number}", found))
+            elif found is not None:
+                state.skip.add(found)
+
+
+def _group_index(line: bytes) -> int | None | str:
+    result = parse_line(line)
+    if isinstance(result, str):
+        return result
+    return result.meta.index if result.meta is not None else None
+
+
+def _filtered_index(line: bytes) -> int | None | str:
+    try:
+        record = json.loads(line)
+    except ValueError as exc:
+        return f"not valid JSON ({exc})"
+    if not isinstance(record, dict):
+        return f"not a failure record: expected a JSON object, got {type(record).__name__}"
+    index = record.get("index")
+    if record.get("error_type") != "Filtered" or index is None:
+        return None
+    return index if isinstance(index, int) else f"index is {index!r}, expected an integer"
+
+
+def scan_for_resume(paths: RunPaths) -> ResumeState:
+    """Item indices already in groups.jsonl (and filtered in failures.jsonl); drops a torn last line.
+
+    A corrupt line elsewhere is left in place and listed in `bad_lines`: its item (unknown) is collected again.
+    """
+    state = ResumeState()
+    _scan_lines(paths.groups, state, _group_index)
+    _scan_lines(paths.failures, state, _filtered_index)
+    return state
 
 
 def _truncate_partial_line(path: Path) -> None:
@@ -121,10 +165,10 @@ def _truncate_partial_line(path: Path) -> None:
         path.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
-def prepare_output(paths: RunPaths, run_config: RunConfig, *, resume: bool, overwrite: bool) -> set[int]:
-    """Create or check the run directory; returns the item indices to skip when resuming."""
+def prepare_output(paths: RunPaths, run_config: RunConfig, *, resume: bool, overwrite: bool) -> ResumeState:
+    """Create or check the run directory; when resuming, what is already done (and what could not be read)."""
     claim_output(paths.root, paths.config, paths.outputs(), run_config, resume=resume, overwrite=overwrite)
-    return _done_indices(paths) if resume else set()
+    return scan_for_resume(paths) if resume else ResumeState()
 
 
 async def run_process(
