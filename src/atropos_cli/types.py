@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = [
     "Message",
@@ -24,6 +24,7 @@ __all__ = [
     "ScoredGroup",
     "RolloutFailure",
     "SCORED_DATA_KEYS",
+    "describe_validation_error",
 ]
 
 # The exact keys of Atropos' ScoredData (the body of POST /scored_data), in its order.
@@ -188,3 +189,19 @@ class RolloutFailure(BaseModel):
 def _check_count(name: str, value: list[Any], n: int) -> None:
     if len(value) != n:
         raise ValueError(f"{name} has {len(value)} rollouts but scores has {n}; give one entry per rollout")
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line for a failed validation, naming the field path of the first error.
+
+    `inference_logprobs.0: Input should be a valid list (got 0.5) (and 2 more)`; a shape check of
+    `ScoredGroup` (which names its rollout itself) reads as its message alone.
+    """
+    first = exc.errors()[0]
+    where = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] not in ("value_error", "missing") and "input" in first:
+        shown = repr(first["input"])
+        message += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
+    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where + ': ' if where else ''}{message}{more}"

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from atropos_cli.errors import AtroposError, RecordError
 from atropos_cli.formats.reader import SourcedGroup
 from atropos_cli.retry import Backoff, parse_retry_after
-from atropos_cli.types import ScoredGroup
+from atropos_cli.types import ScoredGroup, describe_validation_error
 
 __all__ = [
     "ApiClient",
@@ -277,7 +277,10 @@ def _valid_groups(raw: list[dict[str, Any]], source: str, first: int, on_bad: On
         try:
             groups.append(ScoredGroup.model_validate(data))
         except ValidationError as exc:
-            location, reason = f"{source}#group {first + offset}", f"not a valid group: {exc.errors()[0]['msg']}"
+            location, reason = (
+                f"{source}#group {first + offset}",
+                f"not a valid group: {describe_validation_error(exc)}",
+            )
             if on_bad is None:
                 raise RecordError(f"{location}: {reason}", hint="the env posting it is broken") from None
             on_bad(location, reason)

@@ -100,7 +100,8 @@ def _warn_bad_lines(bad_lines: list[Any], shown: int = 3) -> None:
     if not bad_lines:
         return
     err_console.print(
-        f"warning: {len(bad_lines)} unreadable line(s) in the run; left in place, a group on such a line is collected again:"
+        f"warning: {len(bad_lines)} unreadable line(s) in the run; "
+        "left in place, a group on such a line is collected again:"
     )
     for bad in bad_lines[:shown]:
         err_console.print(f"  {bad.location}: {bad.reason}", soft_wrap=True, markup=False)

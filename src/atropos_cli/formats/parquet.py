@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from atropos_cli.errors import RecordError
 from atropos_cli.formats.jsonl import dumps_compact
 from atropos_cli.formats.text import clean_text, content_text, render_chat, split_completion
-from atropos_cli.types import GroupMeta, RolloutMeta, ScoredGroup
+from atropos_cli.types import GroupMeta, RolloutMeta, ScoredGroup, describe_validation_error
 
 __all__ = [
     "write_parquet",
@@ -294,9 +294,7 @@ def _rebuild(rows: list[dict[str, Any]]) -> ScoredGroup | str:
     try:
         return group_from_rows(rows)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        return f"not a valid group: {where + ': ' if where else ''}{first['msg']}"
+        return f"not a valid group: {describe_validation_error(exc)}"
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
         return f"not a valid group: {exc}"
 

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 from pydantic import ValidationError
 
 from atropos_cli.errors import RecordError
-from atropos_cli.types import ScoredGroup
+from atropos_cli.types import ScoredGroup, describe_validation_error
 
 __all__ = [
     "SourcedGroup",
@@ -138,14 +138,6 @@ def normalize_record(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "messages": [_as_chat(entry, n) for entry in messages]}
 
 
-def _validation_reason(exc: ValidationError) -> str:
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    message = first["msg"].removeprefix("Value error, ")
-    more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-    return f"not a valid group: {where + ': ' if where else ''}{message}{more}"
-
-
 def parse_line(line: bytes) -> ScoredGroup | str:
     """A group, or the reason the line is not one."""
     try:
@@ -157,7 +149,7 @@ def parse_line(line: bytes) -> ScoredGroup | str:
     try:
         return ScoredGroup.model_validate(normalize_record(data))
     except ValidationError as exc:
-        return _validation_reason(exc)
+        return f"not a valid group: {describe_validation_error(exc)}"
 
 
 def _open(path: Path) -> io.BufferedIOBase:

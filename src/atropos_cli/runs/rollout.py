@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, record_failure
 from atropos_cli.errors import AtroposError, ServerUnreachableError
-from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup
+from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
 
 __all__ = ["GroupOutcome", "collect_group", "run_groups", "RunAborted"]
 
@@ -137,8 +137,7 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
 
 def _one_line(exc: Exception) -> Exception:
     if isinstance(exc, ValidationError):
-        err = exc.errors()[0]
-        return ValueError(f"invalid group: {err['msg']}")
+        return ValueError(f"invalid group: {describe_validation_error(exc)}")
     return exc
 
 
