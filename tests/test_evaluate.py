@@ -208,3 +208,22 @@ def test_evaluate_gsm8k_on_a_local_file(fake_server, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())["results"]["atropos|gsm8k_eval|0"]
     assert metrics["num_items"] == 4 and metrics["pass@1"] == 0.5 and metrics["pass@2"] == 1.0
     assert metrics["pass@1_stderr"] == 0.0
+
+
+def test_an_env_whose_evaluate_raises_is_one_line_naming_the_env_code(fake_server, tmp_path):
+    env_file = tmp_path / "broken.py"
+    env_file.write_text(
+        "from atropos_cli import BaseEnv\n\n"
+        "class Broken(BaseEnv):\n"
+        "    name = 'broken'\n"
+        "    async def evaluate(self, *args, **kwargs):\n"
+        "        return {'accuracy': 1 / 0}\n"
+    )
+    server = fake_server(rule=["hello"])
+    result = runner.invoke(
+        app, ["evaluate", str(env_file), "--out", str(tmp_path / "ev"), "--openai.base_url", server.base_url]
+    )
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 3, result.output
+    assert "evaluate() raised ZeroDivisionError: division by zero" in result.output
+    assert f"{env_file}:6" in result.output

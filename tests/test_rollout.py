@@ -117,6 +117,19 @@ def test_an_invalid_group_is_recorded_with_the_bad_rollout_named():
     assert outcome.failed and "rollout 0: tokens has 2 entries but masks has 1" in outcome.failures[0].error
 
 
+class WrongShape(BaseEnv):
+    name = "wrong_shape"
+
+    async def collect_trajectories(self, item):
+        return {"tokens": [[1, 2]], "masks": [[1, 1]], "scores": [1.0], "inference_logprobs": [0.5]}, []
+
+
+def test_an_invalid_field_is_recorded_with_its_path():
+    outcome = run(collect_group(WrongShape(EnvConfig(), ScriptedServer(["x"])), {"id": 0}))
+    assert outcome.failed
+    assert "invalid group: inference_logprobs.0: Input should be a valid list (got 0.5)" in outcome.failures[0].error
+
+
 def test_identical_scores_are_filtered_only_when_asked():
     server = ScriptedServer(["5"])
     assert run(collect_group(make_env(server), {"id": 0, "answer": "1"})).groups

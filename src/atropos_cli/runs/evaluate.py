@@ -34,6 +34,7 @@ from atropos_cli.config import RunConfig
 from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ConfigError
 from atropos_cli.runs.counts import RolloutCounts
+from atropos_cli.runs.envcall import call_env
 from atropos_cli.runs.metrics import ItemResult, summarise
 from atropos_cli.runs.rundir import claim_output
 from atropos_cli.types import Message
@@ -192,8 +193,8 @@ async def run_eval(
     started = time.perf_counter()
     stats = EvalStats(items_resumed=len(skip))
     try:
-        await env.setup()
-        custom = await env.evaluate() if has_custom_evaluate(env) else None
+        await call_env(env, "setup", env.setup())
+        custom = await call_env(env, "evaluate", env.evaluate()) if has_custom_evaluate(env) else None
         items = [] if custom is not None and not callable(getattr(env, "items", None)) else eval_items(env, limit)
         todo = [(i, item) for i, item in enumerate(items) if i not in skip]
         stats.items_total, stats.items_done = len(items), len(items) - len(todo)

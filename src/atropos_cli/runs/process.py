@@ -30,6 +30,7 @@ from atropos_cli.config import RunConfig
 from atropos_cli.env.loading import LoadedEnv
 from atropos_cli.formats.reader import BadRecord, parse_line
 from atropos_cli.runs.counts import RolloutCounts
+from atropos_cli.runs.envcall import call_env
 from atropos_cli.runs.rollout import GroupOutcome, run_groups
 from atropos_cli.runs.rundir import claim_output
 
@@ -188,7 +189,7 @@ async def run_process(
     loop = asyncio.get_running_loop()
     handles_sigint = _install_sigint(loop, _interrupt_handler(loop, stop, stats))
     try:
-        await loaded.env.setup()
+        await call_env(loaded.env, "setup", loaded.env.setup())
         with (
             JsonlWriter(paths.groups, append=True) as groups_out,
             JsonlWriter(paths.failures, append=True) as failures_out,

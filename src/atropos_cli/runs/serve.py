@@ -31,6 +31,7 @@ from atropos_cli.api.client import ApiClient, ApiRequestError
 from atropos_cli.env.loading import LoadedEnv
 from atropos_cli.errors import AtroposError, ConfigError
 from atropos_cli.runs.counts import RolloutCounts
+from atropos_cli.runs.envcall import call_env
 from atropos_cli.runs.rollout import collect_group
 from atropos_cli.types import RolloutFailure, ScoredGroup
 
@@ -101,7 +102,7 @@ class _Server:
 
     # ---- startup ------------------------------------------------------------------------------------
     async def start(self) -> None:
-        await self.env.setup()
+        await call_env(self.env, "setup", self.env.setup())
         if self.cfg.data_path_to_save_groups:
             from atropos_cli.formats.jsonl import JsonlWriter
 
