@@ -27,7 +27,14 @@ from atropos_cli.env.base import SimpleEnv
 from atropos_cli.env.sandbox import SandboxLimits
 
 from ._shared.codecheck import check_solution, check_solution_async
-from ._shared.data import BUNDLED_DATA, check_columns, cycle_shuffled, load_hub_records, load_local_records
+from ._shared.data import (
+    BUNDLED_DATA,
+    check_columns,
+    check_hub_access,
+    cycle_shuffled,
+    load_hub_records,
+    load_local_records,
+)
 
 REQUIRED_COLUMNS = ("text", "test_list")
 
@@ -60,13 +67,19 @@ class CodeEnv(SimpleEnv):
         config: CodeConfig = self.config  # type: ignore[assignment]
         return SandboxLimits(timeout_s=config.timeout_s, memory_mb=config.memory_mb)
 
+    @classmethod
+    def check_config(cls, config: EnvConfig) -> None:
+        if not config.data_path and config.dataset_name:  # type: ignore[attr-defined]
+            check_hub_access(config.dataset_name, REQUIRED_COLUMNS)  # type: ignore[attr-defined]
+
     def load_split(self, split: str) -> list[dict[str, Any]]:
         config: CodeConfig = self.config  # type: ignore[assignment]
         if config.data_path:
             rows, source = load_local_records(config.data_path), repr(config.data_path)
         elif config.dataset_name:
             hub_split = "train" if split == "train" else "test"
-            rows, source = load_hub_records(config.dataset_name, None, hub_split), config.dataset_name
+            rows = load_hub_records(config.dataset_name, None, hub_split, REQUIRED_COLUMNS)
+            source = config.dataset_name
         else:
             path = BUNDLED_DATA / "code_problems.jsonl"
             rows, source = load_local_records(path), "the bundled problem set"

@@ -19,7 +19,7 @@ from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
 from ._shared.answers import last_boxed, strip_think
-from ._shared.data import cycle_shuffled, load_split_records
+from ._shared.data import check_hub_access, cycle_shuffled, load_split_records
 from ._shared.mathcheck import answers_match
 
 REQUIRED_COLUMNS = ("question", "answer")
@@ -51,6 +51,11 @@ class GSM8KEnv(SimpleEnv):
     @classmethod
     def config_init(cls) -> tuple[EnvConfig, list[Any]]:
         return GSM8KConfig(group_size=8, max_token_length=1024, total_steps=1000), []
+
+    @classmethod
+    def check_config(cls, config: EnvConfig) -> None:
+        if not config.data_path:
+            check_hub_access(config.dataset_name, REQUIRED_COLUMNS)  # type: ignore[attr-defined]
 
     def load_split(self, split: str) -> list[dict[str, Any]]:
         config: GSM8KConfig = self.config  # type: ignore[assignment]

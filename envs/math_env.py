@@ -19,7 +19,7 @@ from atropos_cli.env.base import SimpleEnv
 from atropos_cli.errors import ConfigError
 
 from ._shared.answers import last_boxed, strip_think
-from ._shared.data import check_columns, cycle_shuffled, load_split_records
+from ._shared.data import check_columns, check_hub_access, cycle_shuffled, load_split_records
 from ._shared.mathcheck import answers_match
 
 
@@ -56,6 +56,11 @@ class MathEnv(SimpleEnv):
     @classmethod
     def config_init(cls) -> tuple[EnvConfig, list[Any]]:
         return MathConfig(group_size=8, max_token_length=2048, total_steps=1000), []
+
+    @classmethod
+    def check_config(cls, config: EnvConfig) -> None:
+        if not config.data_path:
+            check_hub_access(config.dataset_name, ("problem", "answer or solution"))  # type: ignore[attr-defined]
 
     def load_split(self, split: str) -> tuple[list[dict[str, Any]], str]:
         config: MathConfig = self.config  # type: ignore[assignment]

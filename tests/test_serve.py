@@ -281,3 +281,29 @@ def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
         _register_trainer(url, checkpoints, starting_step=3)
         with pytest.raises(AtroposError, match="is not valid JSON"):
             asyncio.run(serve_env(load_env(env_file, flags, None), _options(url, tmp_path)))
+
+
+def test_waiting_for_the_trainer_is_said_once_then_now_and_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "2")
+    events: list[str] = []
+
+    async def go(url: str) -> Any:
+        options = ServeOptions(
+            api_url=url, register_poll_s=0.01, wait_report_s=0.4, spill_path=str(tmp_path / "spill.jsonl")
+        )
+        task = asyncio.create_task(serve_env(load(), options, lambda stats, message: events.append(message)))
+        started = time.monotonic()
+        while time.monotonic() - started < 1.0:  # let it poll /register-env ~100 times with no trainer
+            assert not task.done()
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(start_trainer, url)
+        return await asyncio.wait_for(task, timeout=30)
+
+    with running_api() as url:
+        stats = asyncio.run(go(url))
+    waits = [e for e in events if e.startswith("waiting for the trainer")]
+    assert stats.groups_sent == 2
+    assert 1 <= len(waits) <= 3, waits  # said at once, then every 0.4 s: not once per poll
+    assert all("(for " in e for e in waits[1:]), waits

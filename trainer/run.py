@@ -124,6 +124,7 @@ def _source(
         batches = api_batches(
             opts.api_url, opts.api_batch_size, config.max_len, config.steps, out / "checkpoints", opts.wait_timeout,
             api_key=os.environ.get("ATROPOS_API_KEY") or None,  # the API's bearer token, as `serve` reads it
+            on_wait=on_event,
         )  # fmt: skip
         return batches, sync, None
     from .rollouts import EnvRollouts

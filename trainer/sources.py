@@ -59,8 +59,10 @@ def api_batches(
     wait_timeout: float = 600.0,
     poll_interval: float = 1.0,
     api_key: str | None = None,
+    on_wait: Callable[[str], None] | None = None,
 ) -> Iterator[list[ScoredGroup]]:
-    """Register as the trainer and yield one batch of groups per `GET /batch` that has data."""
+    """Register as the trainer and yield one batch of groups per `GET /batch` that has data; while none comes,
+    `on_wait` gets a status line every 30 s."""
     registration = TrainerRegistration(
         wandb_group="atropos-train",
         wandb_project="atropos-train",
@@ -71,7 +73,7 @@ def api_batches(
     )
     started = time.monotonic()
     for batch in iter_batches(
-        url, registration, api_key=api_key, idle_timeout=wait_timeout, poll_interval=poll_interval
+        url, registration, api_key=api_key, idle_timeout=wait_timeout, poll_interval=poll_interval, on_wait=on_wait
     ):
         yield batch
         started = time.monotonic()

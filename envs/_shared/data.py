@@ -7,15 +7,31 @@ files and missing columns are `ConfigError`s that name the path and the columns.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import random
+import socket
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FuturesTimeout
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from atropos_cli.errors import ConfigError
+from atropos_cli.quiet import quiet_datasets
 
-__all__ = ["BUNDLED_DATA", "load_local_records", "load_hub_records", "check_columns", "cycle_shuffled"]
+__all__ = [
+    "BUNDLED_DATA",
+    "load_local_records",
+    "load_hub_records",
+    "check_hub_access",
+    "hub_reachable",
+    "check_columns",
+    "cycle_shuffled",
+    "load_split_records",
+]
 
 BUNDLED_DATA = Path(__file__).resolve().parents[1] / "_data"  # the bundled envs' own data files (envs/_data)
 
@@ -63,16 +79,75 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_hub_records(name: str, config: str | None, split: str) -> list[dict[str, Any]]:
-    """A split of a hub dataset through `datasets` (network on first use, then its cache)."""
-    try:
-        import datasets
-    except ImportError:
+_HUB_PROBE_S = 3.0
+
+
+def _hub_endpoint() -> str:
+    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+
+
+_OFFLINE_VARS = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def _hub_offline() -> bool:
+    return any(os.environ.get(k, "").upper() in ("1", "ON", "YES", "TRUE") for k in _OFFLINE_VARS)
+
+
+def hub_reachable(endpoint: str, timeout: float = _HUB_PROBE_S) -> bool:
+    """Whether a TCP connection to the hub opens within `timeout` s (DNS included); True behind a proxy,
+    whose reachability this cannot judge."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
+    url = urlsplit(endpoint)
+    port = url.port or (443 if url.scheme == "https" else 80)
+
+    def connect() -> None:
+        socket.create_connection((url.hostname or "", port), timeout=timeout).close()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:  # getaddrinfo has no timeout of its own
+        future = pool.submit(connect)
+        try:
+            future.result(timeout=timeout)
+        except (OSError, FuturesTimeout):
+            return False
+    return True
+
+
+def _hub_hint(required: Sequence[str]) -> str:
+    columns = f" with columns {', '.join(required)}" if required else ""
+    local = f"pass --env.data_path PATH to a local .jsonl/.json/.parquet file{columns}"
+    if _hub_offline():
+        return f"HF_HUB_OFFLINE is set and the dataset is not in your Hugging Face cache: {local}"
+    return f"{local}; or, if the dataset is in your Hugging Face cache, set HF_HUB_OFFLINE=1"
+
+
+def check_hub_access(name: str, required: Sequence[str] = ()) -> None:
+    """Return once `datasets` is installed and the hub answers (or HF_HUB_OFFLINE says to use the cache only);
+    else a ConfigError within a few seconds (not `datasets`' ~30 s of retries) that names the way out."""
+    if importlib.util.find_spec("datasets") is None:
         raise ConfigError(
             f"loading {name!r} from the Hugging Face hub needs the `datasets` package",
             hint='pip install "atropos[hf]", or pass --env.data_path to a local file',
+        )
+    endpoint = _hub_endpoint()
+    if not _hub_offline() and not hub_reachable(endpoint):
+        raise ConfigError(f"cannot reach the Hugging Face hub ({endpoint}) to load {name!r}", hint=_hub_hint(required))
+
+
+def load_hub_records(name: str, config: str | None, split: str, required: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """A split of a hub dataset through `datasets` (network on first use, then its cache); every failure is
+    a one-line ConfigError."""
+    check_hub_access(name, required)
+    import datasets
+
+    try:
+        with quiet_datasets():
+            return list(datasets.load_dataset(name, config, split=split))
+    except Exception as exc:  # datasets raises ConnectionError, FileNotFoundError, ValueError, hub errors...
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(
+            f"cannot load {name!r} ({split}) from the Hugging Face hub: {reason}", hint=_hub_hint(required)
         ) from None
-    return list(datasets.load_dataset(name, config, split=split))
 
 
 def check_columns(rows: Sequence[dict[str, Any]], required: Sequence[str], source: str) -> None:
@@ -107,7 +182,7 @@ def load_split_records(
         rows, source = load_local_records(data_path), repr(data_path)
     else:
         hub_split = "train" if split == "train" else "test"
-        rows = load_hub_records(dataset_name, dataset_config, hub_split)
+        rows = load_hub_records(dataset_name, dataset_config, hub_split, required)
         source = f"{dataset_name} ({hub_split})"
     check_columns(rows, required, source)
     return rows, source

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from atropos_cli.errors import ConfigError
+from atropos_cli.quiet import log_once
 
 from .answers import last_boxed, last_number, strip_think
 
@@ -25,6 +26,8 @@ def _math_verify() -> Any:
             "the gsm8k/math envs need the `math-verify` package",
             hint='pip install "atropos[envs]"',
         ) from None
+    for module in ("math_verify.parser", "math_verify.grader"):  # they warn on every call off the main thread
+        log_once(module, "Timeout is disabled")
     return math_verify
 
 

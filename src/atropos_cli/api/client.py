@@ -146,14 +146,33 @@ class ApiClient:
         """The next batch (a list of ScoredData dicts), or None when the queue cannot fill one yet."""
         return _batch_of(await self.request("GET", "/batch", retry=False))
 
-    async def next_batch(self, idle_timeout: float, poll_s: float = 1.0) -> list[dict[str, Any]] | None:
-        """Poll GET /batch until it has data; None once `idle_timeout` seconds passed without any."""
-        deadline = time.monotonic() + idle_timeout
+    async def next_batch(
+        self,
+        idle_timeout: float,
+        poll_s: float = 1.0,
+        on_wait: Callable[[float, int | None], None] | None = None,
+        report_every: float = 30.0,
+    ) -> list[dict[str, Any]] | None:
+        """Poll GET /batch until it has data; None once `idle_timeout` seconds passed without any. While none
+        comes, `on_wait(seconds waited, groups queued or None)` is called every `report_every` seconds."""
+        started = reported = time.monotonic()
         while (batch := await self.get_batch()) is None:
-            if time.monotonic() >= deadline:
+            now = time.monotonic()
+            if now - started >= idle_timeout:
                 return None
+            if on_wait is not None and now - reported >= report_every:
+                reported = now
+                on_wait(now - started, await self._queued())
             await asyncio.sleep(poll_s)
         return batch
+
+    async def _queued(self) -> int | None:
+        """GET /status's queue_size, or None when the API does not say (the status line does without it)."""
+        try:
+            size = (await self.status()).get("queue_size")
+        except AtroposError:
+            return None
+        return size if isinstance(size, int) else None
 
     # ---- env side -----------------------------------------------------------------------------------
     async def register_env(
@@ -196,6 +215,23 @@ class ApiClient:
 # ---- the trainer side for blocking callers ----------------------------------------------------------
 
 
+def _wait_reporter(
+    url: str, batch_size: int, idle_timeout: float, on_wait: Callable[[str], None] | None
+) -> Callable[[float, int | None], None] | None:
+    """`next_batch`'s on_wait, turned into the trainer's one-line status."""
+    if on_wait is None:
+        return None
+
+    def report(waited: float, queued: int | None) -> None:
+        queue = f", {queued} groups queued" if queued is not None else ""
+        on_wait(
+            f"waiting for a batch of {batch_size} from the trajectory API at {url} "
+            f"({waited:.0f}s so far{queue}; giving up after {idle_timeout:.0f}s)"
+        )
+
+    return report
+
+
 def iter_batches(
     url: str,
     registration: TrainerRegistration,
@@ -206,8 +242,13 @@ def iter_batches(
     reset: bool = False,
     timeout: float = 30.0,
     on_bad: OnBad | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    wait_report_every: float = 30.0,
 ) -> Iterator[list[ScoredGroup]]:
     """Register as the trainer and yield each batch's valid groups; return after `idle_timeout` s without data.
+
+    While no data comes, `on_wait` gets one status line every `wait_report_every` seconds (what it waits for,
+    for how long, and until when).
 
     A group that does not validate goes to `on_bad(location, reason)` (counted and skipped by the caller), or
     raises RecordError when no callback is given. The caller stops early by not asking for the next batch
@@ -218,7 +259,10 @@ def iter_batches(
     index = 0
     try:
         loop.run_until_complete(client.register(registration, reset=reset))
-        while (raw := loop.run_until_complete(client.next_batch(idle_timeout, poll_interval))) is not None:
+        waiting = _wait_reporter(url, registration.batch_size, idle_timeout, on_wait)
+        while (
+            raw := loop.run_until_complete(client.next_batch(idle_timeout, poll_interval, waiting, wait_report_every))
+        ) is not None:
             groups = _valid_groups(raw, client.base_url, index, on_bad)
             index += len(raw)
             if groups:

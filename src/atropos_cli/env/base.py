@@ -96,6 +96,11 @@ class BaseEnv:
     def config_init(cls) -> tuple[EnvConfig, list[ServerConfig]]:
         return cls.env_config_cls(), []
 
+    @classmethod
+    def check_config(cls, config: EnvConfig) -> None:
+        """Cheap checks run before any server or model loads (raise ConfigError): e.g. that a hub dataset is
+        reachable, so a run that cannot start fails in seconds. Optional; not part of Atropos' API."""
+
     @property
     def tokenizer(self) -> Any | None:
         """The tokenizer of `config.tokenizer_name` (or of the local model); None when there is none."""

@@ -85,6 +85,9 @@ def load_env(
     from atropos_cli.inference.router import ServerManager
 
     env_cls, run_config, env_config = resolve_run_config(env_spec, dotted_args, config_path, overrides)
+    check = getattr(env_cls, "check_config", None)  # Atropos envs do not have it
+    if check is not None:
+        check(env_config)
     manager = ServerManager(run_config.openai)
     env = env_cls(env_config, manager)
     return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)

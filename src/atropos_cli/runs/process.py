@@ -32,7 +32,7 @@ from atropos_cli.formats.reader import BadRecord, parse_line
 from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.envcall import call_env
 from atropos_cli.runs.rollout import GroupOutcome, run_groups
-from atropos_cli.runs.rundir import claim_output
+from atropos_cli.runs.rundir import claim_output, holds_no_records
 
 __all__ = [
     "RunPaths",
@@ -94,11 +94,12 @@ class ProcessStats:
 
 
 def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
-    """runs/<env>, or runs/<env>-2, -3, ... when taken (only for the default; an explicit --out is refused)."""
+    """runs/<env>, or runs/<env>-2, -3, ... when one holds records (only for the default; an explicit --out is
+    refused); a directory left by a run that wrote nothing is reused."""
     stem = Path(env_name).stem if env_name.endswith(".py") else env_name.split(":")[0]
     candidate = base / stem
     n = 2
-    while candidate.exists():
+    while candidate.exists() and not holds_no_records(list(candidate.iterdir())):
         candidate = base / f"{stem}-{n}"
         n += 1
     return candidate

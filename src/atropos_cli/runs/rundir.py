@@ -2,6 +2,9 @@
 
 An existing output is refused unless `--overwrite` (which removes it) or `--resume` (which requires the saved
 config and refuses one that differs, naming the changed keys). A new run writes its resolved config first.
+
+A run that wrote no record (its jsonl files are empty: it failed before its first group, e.g. no server
+answered) blocks nothing: a new run with the same `--out` (or the default one) reuses what it left.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import yaml
 from atropos_cli.config import RunConfig, config_diff
 from atropos_cli.errors import ConfigError, OutputExistsError
 
-__all__ = ["claim_output"]
+__all__ = ["claim_output", "holds_no_records"]
 
 
 def claim_output(
@@ -35,7 +38,7 @@ def claim_output(
             )
         return
     existing = [p for p in outputs if p.exists()]
-    if existing and not overwrite:
+    if existing and not overwrite and not holds_no_records(existing):
         raise OutputExistsError(
             f"output {str(existing[0])!r} already exists",
             hint="pass --resume to continue that run, --overwrite to replace it, or --out for a new one",
@@ -44,3 +47,9 @@ def claim_output(
         path.unlink()
     root.mkdir(parents=True, exist_ok=True)
     config_path.write_text(run_config.to_yaml())
+
+
+def holds_no_records(paths: Sequence[Path]) -> bool:
+    """True when none of `paths` holds a record: every .jsonl (the durable record) is empty and nothing is a
+    directory; the config and what is derived from the jsonl (parquet, HTML, metrics) do not count."""
+    return all(p.is_file() and (p.suffix != ".jsonl" or p.stat().st_size == 0) for p in paths)

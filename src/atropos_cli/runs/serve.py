@@ -48,6 +48,7 @@ class ServeOptions(BaseModel):
     flush_timeout_s: float = 10.0  # at shutdown: how long to keep trying to post before spilling
     max_api_wait_s: float | None = None  # give up when the API is unreachable this long (None: never)
     report_every_s: float = 10.0  # a progress event this often
+    wait_report_s: float = 30.0  # while waiting for a trainer: say so once, then this often
 
 
 @dataclass
@@ -89,6 +90,7 @@ class _Server:
         self.max_token_len = self.cfg.max_token_length
         self.writer: Any = None
         self.checkpoint_interval = 0  # from the API's registration answer
+        self._waiting_for: tuple[str, float, float] | None = None  # (what, since, last said)
         self.client = ApiClient(
             options.api_url, options.api_key, max_wait_s=options.max_api_wait_s, on_retry=self._on_retry
         )
@@ -116,6 +118,7 @@ class _Server:
             "min_batch_allocation": self.cfg.min_batch_allocation,
         }
         answer = await self.client.register_env(reg, self.options.register_poll_s, self._on_wait)
+        self.waiting(None)
         self.stats.env_id, self.stats.wandb_name = answer["env_id"], answer.get("wandb_name")
         self.stats.step = int(answer.get("starting_step") or 0)
         self._adopt_checkpoints(answer)
@@ -144,7 +147,20 @@ class _Server:
             self.event(f"env state of step {self.stats.step} loaded from {env.checkpoint_dir}/env_checkpoints")
 
     def _on_wait(self, status: str) -> None:
-        self.event(f"waiting for the trainer: {status}")
+        self.waiting(f"waiting for the trainer: {status}")
+
+    def waiting(self, what: str | None) -> None:
+        """Say what we wait for once, then every `wait_report_s` with how long (not once per poll); None: done."""
+        now = time.monotonic()
+        if what is None or self._waiting_for is None or self._waiting_for[0] != what:
+            self._waiting_for = None if what is None else (what, now, now)
+            if what is not None:
+                self.event(what)
+            return
+        _, since, said = self._waiting_for
+        if now - said >= self.options.wait_report_s:
+            self._waiting_for = (what, since, now)
+            self.event(f"{what} (for {now - since:.0f}s)")
 
     def _load_spill(self) -> None:
         if not self.spill.exists():
@@ -304,7 +320,7 @@ class _Server:
             except ApiRequestError as exc:
                 if exc.status == 409:  # no trainer registered (e.g. after /reset_data): wait for one
                     self.outbox.put_nowait(group)
-                    self.event(f"waiting for a trainer to register: {exc.message}")
+                    self.waiting(f"waiting for a trainer to register: {exc.message}")
                     await asyncio.sleep(self.options.register_poll_s)
                     continue
                 if exc.status in (401, 403):
@@ -318,6 +334,7 @@ class _Server:
             except BaseException:
                 self.outbox.put_nowait(group)  # not acknowledged: keep it for the flush or the spill file
                 raise
+            self.waiting(None)
             self.stats.counts.add_group(group)
             self.unsent -= 1
 
