@@ -61,7 +61,7 @@ def sft(items: list[Item], **options: object) -> tuple[list, DatagenStats]:
 def dpo(items: list[Item], **options: object) -> tuple[list, DatagenStats]:
     stats = DatagenStats()
     rows = list(select_dpo(items, DpoOptions(**options), stats))
-    assert stats.rollouts_read == stats.rows_written + sum(stats.dropped.values())
+    assert stats.rollouts_read == stats.rows_written + stats.rejected_only + sum(stats.dropped.values())
     return rows, stats
 
 
@@ -279,7 +279,7 @@ def test_card_lists_counts_filters_and_sources() -> None:
         total_rows=1,
         columns=["messages"],
     )
-    assert "| score <= 0 | 1 |" in card and "`runs/a`" in card and "`--save-top-n-per-group`: 3" in card
+    assert "| dropped: score <= 0 | 1 |" in card and "`runs/a`" in card and "`--save-top-n-per-group`: 3" in card
     assert 'load_dataset("parquet"' in card
     assert DropReason.DUPLICATE.value == "duplicate"
 
@@ -298,3 +298,16 @@ def test_existing_keys_make_append_skip_rows_already_written(tmp_path: Path, kin
     options = SftOptions() if kind == "sft" else DpoOptions()
     assert list(select(items, options, stats, seen=seen)) == []
     assert stats.dropped.get("duplicate") == len(rows)
+
+
+def test_dpo_counts_each_rollout_once_by_role() -> None:
+    # 1.0 is chosen; one of the three 0.0 rollouts is its rejected answer: it is used, not dropped.
+    rows, stats = dpo([group([1.0, 0.0, 0.0, 0.0])])
+    assert len(rows) == 1 and rows[0].rejected_score == 0.0
+    assert stats.rejected_only == 1 and stats.dropped == {"score <= 0": 2}
+    assert stats.breakdown("dpo") == [("used only as rejected", 1), ("in no pair: score <= 0", 2)]
+    card = render_card(
+        kind="dpo", fmt="prompt-chosen-rejected", stats=stats, options={}, sources=[], total_rows=1, columns=[]
+    )
+    assert "| chosen (one per pair) | 1 |" in card and "| used only as rejected | 1 |" in card
+    assert "| in no pair: score <= 0 | 2 |" in card

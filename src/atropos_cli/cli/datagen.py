@@ -321,8 +321,8 @@ def _summary(kind: str, stats: Any, out: Path | None, total: int | None, dry_run
     table.add_row("groups read", str(stats.groups_read))
     table.add_row("rollouts read", str(stats.rollouts_read))
     table.add_row(f"{unit} written" if not dry_run else f"{unit} selected", str(stats.rows_written))
-    for reason, count in sorted(stats.dropped.items(), key=lambda kv: -kv[1]):
-        table.add_row(f"dropped: {reason}", str(count))
+    for label, count in stats.breakdown(kind):
+        table.add_row(label, str(count))
     table.add_row("skipped: bad records", str(stats.bad_records))
     console.print(table)
     if dry_run:

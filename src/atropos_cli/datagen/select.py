@@ -7,8 +7,8 @@ Sits between the readers (rollout files, or a live trajectory API) and `formats.
 The selection rules follow Atropos' `atropos-sft-gen` / `atropos-dpo-gen` (restated in `select_sft`, `select_dpo`
 and `_score_filter`), made deterministic and streaming (one group at a time; dedupe keeps only a set of 64-bit
 hashes). Every rollout read is accounted for exactly once: it becomes a row (SFT) or a pair's chosen side (DPO),
-or it is counted under one `DropReason`, so `rollouts_read == rows_written + sum(dropped)` always holds and a user
-can see where the data went.
+or (DPO) a rejected answer only, or it is counted under one `DropReason`, so
+`rollouts_read == rows_written + rejected_only + sum(dropped)` always holds and a user can see where the data went.
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class DatagenStats:
     rollouts_read: int = 0
     rows_written: int = 0
     bad_records: int = 0
+    rejected_only: int = 0
+    """DPO: rollouts in a pair only as its rejected answer (not counted as dropped)."""
     _drops: dict[DropReason, int] = field(default_factory=dict)
 
     def drop(self, reason: DropReason) -> None:
@@ -94,6 +96,17 @@ class DatagenStats:
     def dropped(self) -> dict[str, int]:
         """Rollouts left out, by the reason's text (`score <= 0`, `duplicate`, ...)."""
         return {reason.value: count for reason, count in self._drops.items()}
+
+    def breakdown(self, kind: str) -> list[tuple[str, int]]:
+        """(label, rollouts) for the summary table and the dataset card: where the rollouts not in a row went.
+
+        For DPO a rollout has two possible roles; it is counted once: as chosen (a pair), as rejected only,
+        or under the reason it was in no pair (its reason as a would-be chosen answer).
+        """
+        rows = [("used only as rejected", self.rejected_only)] if kind == "dpo" else []
+        prefix = "in no pair" if kind == "dpo" else "dropped"
+        drops = sorted(self.dropped.items(), key=lambda kv: -kv[1])
+        return rows + [(f"{prefix}: {reason}", count) for reason, count in drops]
 
 
 @dataclass(slots=True)
@@ -251,7 +264,8 @@ def select_dpo(
     Per group: positives are the rollouts by descending score (score > 0 unless negative scores are allowed);
     the negative pool is the `save_n_pairs_per_group` lowest-scoring rollouts; each of the first n positives
     draws (seeded) one pool rollout scoring strictly below `its score - minimum_score_diff_max_min`, which then
-    leaves the pool. Stats count each rollout once, in its role as a possible chosen answer.
+    leaves the pool. Stats count each rollout once: chosen (`rows_written`), rejected only (`rejected_only`), or
+    dropped under its reason as a would-be chosen answer.
     """
     seen = set() if seen is None else seen  # pre-filled with an appended dataset's rows
     limit = options.num_seqs_to_save
@@ -274,6 +288,8 @@ def _group_pairs(
     pool = sorted(range(group.size), key=lambda j: group.scores[j])[: options.save_n_pairs_per_group]
     attempts = 0
     limit = options.num_seqs_to_save
+    not_chosen: dict[int, DropReason] = {}
+    rejected: set[int] = set()
     for i in order:
         score = group.scores[i]
         reason: DropReason | None = None
@@ -286,16 +302,22 @@ def _group_pairs(
         elif limit is not None and stats.rows_written >= limit:
             reason = DropReason.LIMIT
         if reason is not None:
-            stats.drop(reason)
+            not_chosen[i] = reason
             continue
         attempts += 1
         row_or_reason = _pair_for(i, view, pool, rng, options, seen)
         if isinstance(row_or_reason, DropReason):
-            stats.drop(row_or_reason)
+            not_chosen[i] = row_or_reason
             continue
-        chosen, j, rejected = row_or_reason
+        chosen, j, rejected_sample = row_or_reason
+        rejected.add(j)
         stats.rows_written += 1
-        yield DpoRow(chosen.prompt, chosen, rejected, score, group.scores[j], provenance)
+        yield DpoRow(chosen.prompt, chosen, rejected_sample, score, group.scores[j], provenance)
+    for i, reason in not_chosen.items():  # each rollout counted once: a rejected answer is not "dropped"
+        if i in rejected:
+            stats.rejected_only += 1
+        else:
+            stats.drop(reason)
 
 
 def _pair_for(

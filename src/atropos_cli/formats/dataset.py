@@ -290,12 +290,14 @@ def render_card(
         f"- this run read {stats.groups_read} groups ({stats.rollouts_read} rollouts); "
         f"bad records skipped: {stats.bad_records}",
         "",
-        "## Dropped rollouts (this run)",
+        "## Rollouts not in a row (this run)" if kind == "sft" else "## Rollouts by role (this run)",
         "",
-        "| reason | rollouts |",
+        "| | rollouts |",
         "|---|---|",
     ]
-    lines += [f"| {reason} | {count} |" for reason, count in sorted(stats.dropped.items())] or ["| (none) | 0 |"]
+    if kind != "sft":
+        lines.append(f"| chosen (one per pair) | {stats.rows_written} |")
+    lines += [f"| {label} | {count} |" for label, count in stats.breakdown(kind)] or ["| (none dropped) | 0 |"]
     lines += ["", "## Filters", ""]
     lines += [f"- `--{name.replace('_', '-')}`: {value!r}" for name, value in options.items()]
     lines += ["", "## Sources", ""]
