@@ -120,7 +120,8 @@ with a {config["vocab_size"]}-token byte-level BPE tokenizer (one token per digi
 `atropos_cli.trainer.sft.run_sft` on procedurally generated questions of the bundled `arithmetic` env
 ("What is 12 + 7?" -> "19"). It ships inside the `atropos` package so `atropos process` runs offline.
 
-- chat template: `<|user|>...<|end|><|assistant|>...<|end|>` (`<|end|>` is EOS)
+- chat template: `<|user|>...<|end|><|assistant|>...<|end|>` (`<|end|>` is EOS); assistant content and its `<|end|>`
+  sit in `{{% generation %}}` markers (answer-only loss in TRL)
 - SFT: {args.chats} chats, {args.steps} steps of batch {args.batch_size}, lr {args.lr} (AdamW, cosine), seed {args.seed}
 - noisy demonstrations: trained on demonstrations with {args.answer_noise:.0%} near-miss answers (the right
   answer ± 1..{args.noise_spread}, spread over several wrong values so the right one stays the most frequent),

@@ -204,3 +204,74 @@ def test_recipe_rebuilds_a_model_end_to_end(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     assert "accuracy" in result.stdout
     assert (tmp_path / "m" / "model.safetensors").is_file() and (tmp_path / "m" / "README.md").is_file()
+
+
+CHAT = [
+    {"role": "system", "content": "Answer with a number."},
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "5"},
+    {"role": "user", "content": "What is 5 * 2?"},
+    {"role": "assistant", "content": "10"},
+]
+
+
+def test_chat_template_marks_assistant_tokens_for_answer_only_loss():
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    out = tokenizer.apply_chat_template(CHAT, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    ids, mask = out["input_ids"], out["assistant_masks"]
+    assert tokenizer.decode([i for i, m in zip(ids, mask, strict=True) if m]) == "5<|end|>10<|end|>"
+    # The markers render nothing: the text is what the model was trained and is sampled on.
+    assert tokenizer.apply_chat_template(CHAT, tokenize=False) == (
+        "<|system|>Answer with a number.<|end|><|user|>What is 2 + 3?<|end|><|assistant|>5<|end|>"
+        "<|user|>What is 5 * 2?<|end|><|assistant|>10<|end|>"
+    )
+
+
+def test_chat_template_renders_every_prefix_of_a_chat_as_a_prefix():
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    full = tokenizer.apply_chat_template(CHAT, tokenize=False)
+    for k in range(1, len(CHAT)):
+        assert full.startswith(tokenizer.apply_chat_template(CHAT[:k], tokenize=False)), k
+        if CHAT[k]["role"] == "assistant":
+            prompt = tokenizer.apply_chat_template(CHAT[:k], tokenize=False, add_generation_prompt=True)
+            assert full.startswith(prompt), k
+
+
+def test_the_recipe_and_the_shipped_files_carry_the_same_template():
+    from atropos_cli.trainer.tiny_model import CHAT_TEMPLATE
+
+    assert (SHIPPED / "chat_template.jinja").read_text() == CHAT_TEMPLATE
+    assert json.loads((SHIPPED / "tokenizer_config.json").read_text())["chat_template"] == CHAT_TEMPLATE
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # trl 1.16 sets transformers' deprecated arg names
+def test_trl_sft_with_assistant_only_loss_trains_on_our_messages_dataset(tmp_path):
+    """TRL as a user runs it: SFTTrainer(assistant_only_loss=True) on `sft-gen`'s default `messages` rows."""
+    trl = pytest.importorskip("trl")
+    from datasets import Dataset
+
+    from atropos_cli.inference.tokenizer import load_tokenizer
+    from atropos_cli.resources import resolve_model_path
+
+    rows = [
+        {"messages": [{"role": "user", "content": f"What is {i} + 1?"}, {"role": "assistant", "content": str(i + 1)}]}
+        for i in range(8)
+    ]
+    config = trl.SFTConfig(
+        output_dir=str(tmp_path / "out"), assistant_only_loss=True, max_steps=1, per_device_train_batch_size=4,
+        report_to=[], use_cpu=True, save_strategy="no", logging_steps=1,
+    )  # fmt: skip
+    trainer = trl.SFTTrainer(
+        model=resolve_model_path(DEFAULT_MODEL),
+        args=config,
+        train_dataset=Dataset.from_list(rows),
+        processing_class=load_tokenizer(DEFAULT_MODEL),
+    )
+    example = trainer.train_dataset[0]
+    trained = [label for label in example["labels"] if label != -100]
+    assert trainer.processing_class.decode(trained) == "1<|end|>"  # the answer and its EOS, not the prompt
+    assert trainer.train().training_loss > 0

@@ -33,13 +33,20 @@ EOS, PAD = "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, EOS, *(f"<|{role}|>" for role in ROLES)]
 
 # Jinja, rendered by transformers' apply_chat_template. Unknown roles are refused rather than silently
-# rendered as tokens the model never saw.
+# rendered as tokens the model never saw. An assistant turn's content and its <|end|> sit inside
+# `{% generation %}` markers (they render nothing): `return_assistant_tokens_mask=True`, and so TRL's
+# `SFTTrainer(assistant_only_loss=True)`, train on exactly those tokens. Rendering a chat's first k messages
+# gives a prefix of rendering all of them (tested).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
     "{{ raise_exception('unsupported role ' + message['role'] + ': use system, user or assistant') }}"
     "{% endif %}"
+    "{% if message['role'] == 'assistant' %}"
+    "{{ '<|assistant|>' }}{% generation %}{{ message['content'] + '<|end|>' }}{% endgeneration %}"
+    "{% else %}"
     "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
 )
