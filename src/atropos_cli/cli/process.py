@@ -55,7 +55,7 @@ def process_command(
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (= --openai.base_url).")] = None,
     model: Annotated[str | None, typer.Option(help="Model name, or a local model dir (= --openai.model_name).")] = None,
     api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="API key (= --openai.api_key).")] = None,
-    seed: Annotated[int | None, typer.Option(help="Seed of the item stream (= --env.seed).")] = None,
+    seed: Annotated[int | None, typer.Option(help="Seed of the item stream and of sampling (= --env.seed).")] = None,
     config: Annotated[
         Path | None, typer.Option("--config", help="YAML config (Atropos layout: env:, openai:).")
     ] = None,

@@ -12,6 +12,11 @@ and routing live in `router.py`, not here.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -23,6 +28,8 @@ __all__ = [
     "Usage",
     "Generation",
     "InferenceBackend",
+    "seeded_requests",
+    "next_request_seed",
 ]
 
 
@@ -91,3 +98,31 @@ class InferenceBackend(Protocol):
     async def complete(self, prompt: str | list[int], params: SamplingParams) -> Generation: ...
 
     async def aclose(self) -> None: ...
+
+
+# Reproducible sampling: `runs.rollout.collect_group` opens `seeded_requests(run_seed, key)` around one item's
+# group; every request made inside it without an explicit seed (in the order the env makes them) gets the next
+# seed of a stream derived from (run seed, key), so a rerun with the same seed samples the same completions.
+_request_seeds: ContextVar[Iterator[int] | None] = ContextVar("request_seeds", default=None)
+
+
+def _seed_stream(run_seed: int, key: str) -> Iterator[int]:
+    for call in itertools.count():
+        digest = hashlib.blake2b(f"{run_seed}:{key}:{call}".encode(), digest_size=8).digest()
+        yield int.from_bytes(digest, "big") >> 3  # < 2**61: room for per-choice offsets, fits every server
+
+
+@contextmanager
+def seeded_requests(run_seed: int, key: str) -> Iterator[None]:
+    """Requests made in this context (and in tasks it starts) without a seed get seeds derived from the key."""
+    token = _request_seeds.set(_seed_stream(run_seed, key))
+    try:
+        yield
+    finally:
+        _request_seeds.reset(token)
+
+
+def next_request_seed() -> int | None:
+    """The next derived seed inside `seeded_requests`, else None (the backend then samples unseeded)."""
+    stream = _request_seeds.get()
+    return next(stream) if stream is not None else None

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from atropos_cli.config import ServerConfig
 from atropos_cli.errors import InferenceError, ServerUnreachableError
-from atropos_cli.inference.base import Generation, InferenceBackend, SamplingParams, Usage
+from atropos_cli.inference.base import Generation, InferenceBackend, SamplingParams, Usage, next_request_seed
 from atropos_cli.inference.openai_compat import RetryableError
 from atropos_cli.retry import Backoff
 
@@ -157,6 +157,7 @@ class ServerManager:
     ) -> Generation:
         """Sample `n` chat completions; `split="eval"` uses the eval slots. See `_params` for `extra`."""
         sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        seed = seed if seed is not None else next_request_seed()  # reproducible inside collect_group
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
         params = self._params("chat_completion", split, sampling, extra)
         messages = [dict(m) for m in messages]
@@ -182,6 +183,7 @@ class ServerManager:
     ) -> Generation:
         """Sample `n` completions of a text prompt or of a list of prompt token ids."""
         sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
+        seed = seed if seed is not None else next_request_seed()  # reproducible inside collect_group
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
         params = self._params("completion", split, sampling, extra)
 

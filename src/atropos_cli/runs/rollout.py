@@ -15,6 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,7 @@ from pydantic import ValidationError
 
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, record_failure
 from atropos_cli.errors import AtroposError, ServerUnreachableError
+from atropos_cli.inference.base import seeded_requests
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
 
 __all__ = ["GroupOutcome", "collect_group", "run_groups", "RunAborted"]
@@ -102,8 +104,11 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
     sink: list[RolloutFailure] = []
     token = failure_sink.set(sink)
     started = time.perf_counter()
+    # A run's item index seeds its requests (process, evaluate): the same --seed gives the same groups.
+    seeding = seeded_requests(env.config.seed, f"{index}:{item_id}") if index is not None else nullcontext()
     try:
-        result, backlog = await env.collect_trajectories(item)
+        with seeding:
+            result, backlog = await env.collect_trajectories(item)
         result = await env.postprocess_histories(result)
         outcome.backlog = list(backlog or [])
         for raw in _as_groups(result):
