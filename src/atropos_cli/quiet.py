@@ -1,9 +1,10 @@
 """Keeping third-party chatter off the user's terminal unless `atropos --verbose` (or ATROPOS_VERBOSE=1).
 
-What is quieted, and where: `datasets`' download/"Generating train split" bars and info logs
-(`quiet_datasets`, around every hub load), transformers' loading bars and info logs (`quiet_transformers`,
-before a model or tokenizer loads), and a third-party log message repeated once per call (`log_once`:
-math-verify warns on every parse that timeouts are off outside the main thread). Errors are never hidden.
+What is quieted, and where: every `atropos` command starts with `quiet_third_party`, which sets the env vars
+that huggingface_hub, transformers and datasets read at import (no progress bars, warnings and errors only),
+before any of them is imported; `quiet_datasets` does the same around a hub load for library callers; and
+`log_once` lets a third-party message repeated once per call through once (math-verify warns on every parse
+that timeouts are off outside the main thread). Errors are never hidden.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["VERBOSE_ENV", "verbose", "set_verbose", "quiet_datasets", "quiet_transformers", "log_once"]
+__all__ = ["VERBOSE_ENV", "verbose", "quiet_third_party", "quiet_datasets", "log_once"]
 
 VERBOSE_ENV = "ATROPOS_VERBOSE"
 
@@ -22,10 +23,24 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
-def set_verbose(on: bool) -> None:
-    """`atropos --verbose`: an env var, so worker processes and threads see it too."""
-    if on:
+# Read by huggingface_hub (bars of downloads and of transformers/datasets), transformers and datasets at import.
+_QUIET_ENV = {
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "DATASETS_VERBOSITY": "error",
+    "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+}
+
+
+def quiet_third_party(verbose_flag: bool) -> None:
+    """`atropos [--verbose] CMD`: with --verbose (or ATROPOS_VERBOSE=1) nothing is hidden; otherwise no
+    third-party progress bars or info logs. Values the user set in the environment are kept."""
+    if verbose_flag:
         os.environ[VERBOSE_ENV] = "1"
+    if verbose():
+        return
+    for key, value in _QUIET_ENV.items():
+        os.environ.setdefault(key, value)
 
 
 @contextmanager
@@ -46,16 +61,6 @@ def quiet_datasets() -> Iterator[None]:
         datasets.logging.set_verbosity(level)
         if bars_were_on:
             datasets.enable_progress_bars()
-
-
-def quiet_transformers() -> None:
-    """No transformers loading bars or info/warning logs (unless verbose); errors still show."""
-    if verbose():
-        return
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 class _Once(logging.Filter):

@@ -1,13 +1,107 @@
-"""The `atropos` Typer app: registers each command module. Imports nothing heavy, so `--help` is instant."""
+"""The `atropos` Typer app. Commands register lazily: `atropos --help` lists them from `COMMANDS` (name, module,
+one-line help) without importing a single command module; running a command imports only its module, whose
+`register(app)` defines it. A test checks that each one-line help here is the first line of the command's own
+help, so the two cannot drift apart.
+"""
 
 from __future__ import annotations
 
 import importlib
+from typing import NamedTuple
 
+import click
 import typer
+from typer.core import TyperGroup
+
+
+class LazyCommand(NamedTuple):
+    module: str
+    help: str
+
+
+# Order is the order of `atropos --help`.
+COMMANDS: dict[str, LazyCommand] = {
+    "process": LazyCommand(
+        "atropos_cli.cli.process", "Run ENV offline: collect scored groups into jsonl + parquet + an HTML viewer."
+    ),
+    "evaluate": LazyCommand(
+        "atropos_cli.cli.evaluate",
+        "Evaluate ENV on its eval split: pass@1..k (unbiased estimator), mean score, stderr, and a report.",
+    ),
+    "init-env": LazyCommand(
+        "atropos_cli.cli.init_env",
+        "Write NAME.py (a declarative env: items, prompt, reward) and test_NAME.py; both pass as written.",
+    ),
+    "view": LazyCommand(
+        "atropos_cli.cli.view",
+        "Render scored groups to one self-contained HTML page (search, score filter, keyboard navigation).",
+    ),
+    "envs": LazyCommand(
+        "atropos_cli.cli.envs",
+        "List bundled envs (and envs installed through the `atropos.envs` entry point) with a one-line description.",
+    ),
+    "api": LazyCommand(
+        "atropos_cli.cli.api",
+        "Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire).",
+    ),
+    "serve": LazyCommand(
+        "atropos_cli.cli.serve",
+        "Run ENV online: register with the API, collect groups with up to max_num_workers workers, post them.",
+    ),
+    "sft-gen": LazyCommand(
+        "atropos_cli.cli.datagen",
+        "Build an SFT dataset: the best rollouts of each group (rejection sampling), TRL-ready.",
+    ),
+    "dpo-gen": LazyCommand(
+        "atropos_cli.cli.datagen",
+        "Build a DPO dataset: chosen/rejected pairs from each group's score spread, TRL-ready.",
+    ),
+    "train": LazyCommand(
+        "atropos_cli.cli.train",
+        "Train a policy with GRPO (or a variant) and save Hugging Face checkpoints under OUT/checkpoints/step-N.",
+    ),
+    "inference": LazyCommand(
+        "atropos_cli.cli.inference",
+        "Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health, "
+        'POST /reload_weights {"path": DIR} to swap in new weights without restarting).',
+    ),
+}
+
+
+def load_command(name: str) -> click.Command:
+    """Import the command's module and build its click command (what `atropos NAME` runs)."""
+    holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    importlib.import_module(COMMANDS[name].module).register(holder)
+    group = typer.main.get_group(holder)
+    return group.commands[name]
+
+
+class LazyGroup(TyperGroup):
+    """A Typer group whose commands are imported only when one runs (or its own --help is asked for)."""
+
+    _listing = False
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in COMMANDS:
+            return None
+        if self._listing:  # the root help table only needs the name and the one-line help
+            return click.Command(cmd_name, help=COMMANDS[cmd_name].help)
+        return load_command(cmd_name)
+
+    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        self._listing = True
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self._listing = False
+
 
 app = typer.Typer(
     name="atropos",
+    cls=LazyGroup,
     help="Rollouts, scored datasets and a GRPO loop for RL with LLMs: offline-first.",
     no_args_is_help=True,
     add_completion=False,
@@ -26,31 +120,14 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version."),
+    verbose: bool = typer.Option(
+        False, "--verbose", help="Show third-party progress bars and logs (transformers, datasets)."
+    ),
 ) -> None:
     """Rollouts, scored datasets and a GRPO loop for RL with LLMs: offline-first."""
+    from atropos_cli.quiet import quiet_third_party
 
-
-# Each module exposes `register(app)`; order is the order of `atropos --help`.
-COMMAND_MODULES = (
-    "atropos_cli.cli.process",
-    "atropos_cli.cli.evaluate",
-    "atropos_cli.cli.init_env",
-    "atropos_cli.cli.view",
-    "atropos_cli.cli.envs",
-    "atropos_cli.cli.api",
-    "atropos_cli.cli.serve",
-    "atropos_cli.cli.datagen",
-    "atropos_cli.cli.train",
-    "atropos_cli.cli.inference",
-)
-
-
-def _register_all() -> None:
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(app)
-
-
-_register_all()
+    quiet_third_party(verbose)
 
 
 def main() -> None:
