@@ -70,9 +70,26 @@ def test_serve_posts_groups_and_keeps_a_local_copy(tmp_path: Path, monkeypatch: 
     assert not (tmp_path / "spill.jsonl").exists()
 
 
-async def _serve_for(loaded: Any, options: ServeOptions, seconds: float) -> Any:
-    task = asyncio.create_task(serve_env(loaded, options))
-    await asyncio.sleep(seconds)
+async def wait_until(condition: Any, what: str, timeout_s: float = 30.0) -> None:
+    """Poll `condition()` until true, failing after `timeout_s` (instead of sleeping "long enough")."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.01)
+
+
+async def _serve_until_paused(loaded: Any, options: ServeOptions, url: str) -> None:
+    """Run serve until the off-policy bound has paused it and every finished group is in the API's queue."""
+    seen: list[Any] = []
+    task = asyncio.create_task(serve_env(loaded, options, lambda stats, message: seen.append(stats)))
+
+    def settled() -> bool:
+        assert not task.done()
+        if not seen or not seen[0].paused or seen[0].in_flight:
+            return False
+        return httpx.get(url + "/status").json()["queue_size"] == getattr(loaded.env, "finished", -1)
+
+    await wait_until(settled, "the off-policy pause")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
@@ -84,7 +101,7 @@ def test_offpolicy_bound_pauses_new_rollouts(tmp_path: Path, monkeypatch: pytest
         start_trainer(url, batch_size=4)
         loaded = load("--env.max_batches_offpolicy", "2", "--env.max_num_workers", "8")
         options = ServeOptions(api_url=url, poll_s=0.02, spill_path=str(tmp_path / "spill.jsonl"))
-        asyncio.run(_serve_for(loaded, options, 1.5))
+        asyncio.run(_serve_until_paused(loaded, options, url))
         queued = httpx.get(url + "/status").json()["queue_size"]
         # bound: 2 batches x 4 sequences = 4 groups of 2; workers already in flight may add a few, never many.
         assert 4 <= queued <= 8, queued
@@ -112,7 +129,6 @@ def test_full_queue_slows_serve_down_without_losing_groups(tmp_path: Path, monke
         assert stats.counts.groups == 12
         assert stats.evals and stats.evals[0]["metrics"] == {"eval/count": 1.0}  # evaluate() every 2 steps
         assert any("got 503" in e for e in stats.events), stats.events
-        time.sleep(1.5)
         stop.set()
         trainer.join(5)
         pulled.extend(pull_all(url))
@@ -135,8 +151,12 @@ def test_ctrl_c_spills_unsent_groups_and_the_next_serve_sends_them(
         with running_api(state_dir=str(state)) as url:
             start_trainer(url, batch_size=2)
             task = asyncio.create_task(serve_env(loaded, ServeOptions(api_url=url, spill_path=str(spill))))
-            await asyncio.sleep(0.2)
-        await asyncio.sleep(1.0)
+            await wait_until(
+                lambda: getattr(loaded.env, "next_index", 0) == 3, "registration and three rollouts started"
+            )
+        await wait_until(lambda: getattr(loaded.env, "finished", 0) == 3, "the three groups to finish")
+        for _ in range(20):  # loop turns, not seconds: let each worker hand its group to the sender
+            await asyncio.sleep(0)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task

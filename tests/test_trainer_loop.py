@@ -227,7 +227,8 @@ def test_external_inference_server_is_asked_to_reload_each_checkpoint(tiny_model
     thread.start()
     try:
         deadline = time.monotonic() + 10
-        while not server.started and time.monotonic() < deadline:
+        while not server.started:
+            assert time.monotonic() < deadline, "the inference server did not start"
             time.sleep(0.02)
         env_file = tmp_path / "parity_env.py"
         env_file.write_text(PARITY_ENV)

@@ -22,6 +22,7 @@ class CountingEnv(BaseEnv):
         self.limit = int(os.environ.get("SERVE_TEST_ITEMS", "1000000"))
         self.delay = float(os.environ.get("SERVE_TEST_DELAY", "0"))
         self.evals = 0
+        self.finished = 0  # groups collected: tests wait on it instead of sleeping
 
     async def get_next_item(self) -> int | None:
         if self.next_index >= self.limit:
@@ -31,6 +32,7 @@ class CountingEnv(BaseEnv):
 
     async def collect_trajectories(self, item: int) -> tuple[ScoredGroup, list]:
         await asyncio.sleep(self.delay)
+        self.finished += 1
         n = self.config.group_size
         if os.environ.get("SERVE_TEST_NO_TOKENS"):
             return ScoredGroup(scores=[float(i % 2) for i in range(n)]), []
