@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+import orjson
 from pydantic import ValidationError
 
 from atropos_cli.errors import RecordError
@@ -194,50 +195,68 @@ def write_parquet(groups: Iterable[ScoredGroup], path: Path) -> int:
 
 
 def _loads(value: str | None) -> Any:
-    return None if value is None else json.loads(value)
-
-
-def _meta_from_rows(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
-    first = rows[0]
-    if first.get("meta") is None:
+    if value is None:
         return None
-    meta: dict[str, Any] = json.loads(first["meta"])
+    try:
+        return orjson.loads(value)  # ~3x json.loads on the messages column, the bulk of a read
+    except orjson.JSONDecodeError:
+        return json.loads(value)  # NaN / Infinity, which orjson refuses
+
+
+Columns = dict[str, list[Any]]
+
+
+def _first(cols: Columns, name: str) -> Any:
+    values = cols.get(name)
+    return values[0] if values else None
+
+
+def _at(cols: Columns, name: str, j: int) -> Any:
+    values = cols.get(name)
+    return values[j] if values is not None else None
+
+
+def _meta_from_columns(cols: Columns, n: int) -> dict[str, Any] | None:
+    if _first(cols, "meta") is None:
+        return None
+    meta: dict[str, Any] = _loads(_first(cols, "meta"))
     for name in META_COLUMNS:
-        if first.get(name) is not None:
-            meta[name] = first[name]
-    if any(r.get("rollout_meta") is not None for r in rows):
+        if _first(cols, name) is not None:
+            meta[name] = _first(cols, name)
+    if any(v is not None for v in cols.get("rollout_meta") or []):
         rollouts = []
-        for row in rows:
-            rollout = _loads(row.get("rollout_meta"))
+        for j in range(n):
+            rollout = _loads(_at(cols, "rollout_meta", j))
             if rollout is not None:
                 for name in ("finish_reason", "completion_tokens"):
-                    if row.get(name) is not None:
-                        rollout[name] = row[name]
-                if row.get("reward_parts") is not None:
-                    rollout["reward_parts"] = json.loads(row["reward_parts"])
+                    if _at(cols, name, j) is not None:
+                        rollout[name] = _at(cols, name, j)
+                if _at(cols, "reward_parts", j) is not None:
+                    rollout["reward_parts"] = _loads(_at(cols, "reward_parts", j))
             rollouts.append(rollout)
         meta["rollouts"] = rollouts
     return meta
 
 
-def group_from_rows(rows: list[dict[str, Any]]) -> ScoredGroup:
-    """Rebuild one group from its rows; raises ValueError (incl. pydantic's) when they do not form one."""
-    for j, row in enumerate(rows):
-        if row.get("rollout_index") != j:
-            raise ValueError(f"rollout_index is {row.get('rollout_index')!r}, expected {j} (rows out of order)")
-    first = rows[0]
-    data: dict[str, Any] = {"scores": [r.get("score") for r in rows], "env_id": first.get("env_id")}
+def group_from_columns(cols: Columns) -> ScoredGroup:
+    """Rebuild one group from its rows, given column-wise (name -> one value per rollout); raises ValueError
+    (incl. pydantic's) when they do not form one."""
+    n = len(cols["group_index"])
+    for j in range(n):
+        if _at(cols, "rollout_index", j) != j:
+            raise ValueError(f"rollout_index is {_at(cols, 'rollout_index', j)!r}, expected {j} (rows out of order)")
+    data: dict[str, Any] = {"scores": cols.get("score") or [None] * n, "env_id": _first(cols, "env_id")}
     for name in (*TOKEN_LISTS, *FLOAT_LISTS):
-        values = [r.get(name) for r in rows]
-        if any(v is not None for v in values):
+        values = cols.get(name)
+        if values is not None and any(v is not None for v in values):
             data[name] = values
     for name in ("messages", "overrides"):
-        values = [r.get(name) for r in rows]
-        if any(v is not None for v in values):
+        values = cols.get(name)
+        if values is not None and any(v is not None for v in values):
             data[name] = [_loads(v) for v in values]
     for name in (*GROUP_JSON, *FIRST_ROW_JSON):
-        data[name] = _loads(first.get(name))
-    data["meta"] = _meta_from_rows(rows)
+        data[name] = _loads(_first(cols, name))
+    data["meta"] = _meta_from_columns(cols, n)
     return ScoredGroup.model_validate(data)
 
 
@@ -251,7 +270,8 @@ def _check_columns(path: Path, names: list[str]) -> None:
         )
 
 
-def _iter_rows(path: Path, batch_rows: int) -> Iterator[tuple[int, dict[str, Any]]]:
+def _iter_batches(path: Path, batch_rows: int) -> Iterator[Columns]:
+    """The file's rows, a batch at a time, column-wise (no dict per row: that was most of a read's time)."""
     import pyarrow.parquet as pq
 
     try:
@@ -265,34 +285,44 @@ def _iter_rows(path: Path, batch_rows: int) -> Iterator[tuple[int, dict[str, Any
     with handle:
         names = handle.schema_arrow.names
         _check_columns(path, names)
-        row_number = 0
         # The derived `prompt`/`completion` columns are never read back: skipping them saves ~10% of the read.
         wanted = [name for name in names if name not in ("prompt", "completion")]
         for batch in handle.iter_batches(batch_size=batch_rows, columns=wanted):
-            columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
-            for i in range(batch.num_rows):
-                yield row_number, {name: values[i] for name, values in columns.items()}
-                row_number += 1
+            yield {name: batch.column(name).to_pylist() for name in batch.schema.names}
+
+
+def _runs(keys: list[Any]) -> Iterator[tuple[int, int]]:
+    """[start, end) of each run of equal consecutive keys."""
+    start = 0
+    for i in range(1, len(keys) + 1):
+        if i == len(keys) or keys[i] != keys[start]:
+            yield start, i
+            start = i
 
 
 def iter_parquet_results(path: Path, batch_rows: int = 1024) -> Iterator[tuple[int, ScoredGroup | str]]:
     """(first row number, group) per group, or (row number, reason) for rows that do not form a valid group."""
-    pending: list[dict[str, Any]] = []
-    start = 0
-    for row_number, row in _iter_rows(Path(path), batch_rows):
-        if pending and row.get("group_index") != pending[0].get("group_index"):
-            yield start, _rebuild(pending)
-            pending = []
-        if not pending:
-            start = row_number
-        pending.append(row)
-    if pending:
+    pending: Columns | None = None
+    start = row_number = 0
+    for cols in _iter_batches(Path(path), batch_rows):
+        keys = cols["group_index"]
+        for a, b in _runs(keys):
+            chunk = {name: values[a:b] for name, values in cols.items()}
+            if pending is not None and pending["group_index"][0] == keys[a]:  # a group split across batches
+                for name, values in chunk.items():
+                    pending[name].extend(values)
+                continue
+            if pending is not None:
+                yield start, _rebuild(pending)
+            pending, start = chunk, row_number + a
+        row_number += len(keys)
+    if pending is not None:
         yield start, _rebuild(pending)
 
 
-def _rebuild(rows: list[dict[str, Any]]) -> ScoredGroup | str:
+def _rebuild(cols: Columns) -> ScoredGroup | str:
     try:
-        return group_from_rows(rows)
+        return group_from_columns(cols)
     except ValidationError as exc:
         return f"not a valid group: {describe_validation_error(exc)}"
     except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
