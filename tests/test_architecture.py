@@ -32,6 +32,7 @@ LAYERS = [
         "atropos_cli.retry",
         "atropos_cli.templates",
         "atropos_cli.httpguard",
+        "atropos_cli.quiet",
     },
     {"atropos_cli.inference"},
     {"atropos_cli.tokens", "atropos_cli.env", "atropos_cli.datagen"},

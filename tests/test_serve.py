@@ -324,6 +324,6 @@ def test_waiting_for_the_trainer_is_said_once_then_now_and_then(
     with running_api() as url:
         stats = asyncio.run(go(url))
     waits = [e for e in events if e.startswith("waiting for the trainer")]
-    assert stats.groups_sent == 2
+    assert stats.counts.groups == 2
     assert 1 <= len(waits) <= 3, waits  # said at once, then every 0.4 s: not once per poll
     assert all("(for " in e for e in waits[1:]), waits

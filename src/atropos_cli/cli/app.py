@@ -7,11 +7,10 @@ help, so the two cannot drift apart.
 from __future__ import annotations
 
 import importlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-import click
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 
 class LazyCommand(NamedTuple):
@@ -68,7 +67,7 @@ COMMANDS: dict[str, LazyCommand] = {
 }
 
 
-def load_command(name: str) -> click.Command:
+def load_command(name: str) -> Any:
     """Import the command's module and build its click command (what `atropos NAME` runs)."""
     holder = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
     importlib.import_module(COMMANDS[name].module).register(holder)
@@ -77,21 +76,24 @@ def load_command(name: str) -> click.Command:
 
 
 class LazyGroup(TyperGroup):
-    """A Typer group whose commands are imported only when one runs (or its own --help is asked for)."""
+    """A Typer group whose commands are imported only when one runs (or its own --help is asked for).
+
+    (Typer ships its own copy of click, `typer._click`, which has no public name for its types: hence `Any`.)
+    """
 
     _listing = False
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Any) -> list[str]:
         return list(COMMANDS)
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
         if cmd_name not in COMMANDS:
             return None
         if self._listing:  # the root help table only needs the name and the one-line help
-            return click.Command(cmd_name, help=COMMANDS[cmd_name].help)
+            return TyperCommand(cmd_name, help=COMMANDS[cmd_name].help)
         return load_command(cmd_name)
 
-    def format_help(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+    def format_help(self, ctx: Any, formatter: Any) -> None:
         self._listing = True
         try:
             super().format_help(ctx, formatter)
