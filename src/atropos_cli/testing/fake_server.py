@@ -4,7 +4,8 @@ It sits where vLLM would: the router and `OpenAICompatBackend` talk to it over r
 one more backend (a `Served`) behind `atropos inference`'s app (`inference.server.create_app`): the same
 request schema, limits and cross-site guard, with vLLM's leniency (unknown sampling parameters are accepted
 and logged). It answers vLLM-style (`prompt_token_ids`, per-choice `token_ids`, `logprobs`) with a deterministic
-tokenisation: one token per UTF-8 byte, token id = byte value.
+tokenisation: one token per UTF-8 byte, token id = byte value. Given `tokenizer=DIR` it also speaks vLLM's
+native `POST /generate` with that tokenizer's ids (fake_generate.py; Atropos' VLLMServer and ManagedServer).
 
 Knobs reproduce what real servers do to clients: latency (an `asyncio.sleep`, so concurrent requests overlap),
 an error rate with a chosen status, non-JSON answers, providers that ignore `n`, servers that reject
@@ -122,6 +123,7 @@ class FakeInferenceServer:
         model_name: str = "fake-model",
         api_key: str | None = None,
         max_body_mb: float = 64.0,
+        tokenizer: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -137,6 +139,7 @@ class FakeInferenceServer:
         self.model_name = model_name
         self.api_key = api_key
         self.max_body_mb = max_body_mb
+        self.tokenizer = tokenizer  # a tokenizer dir: adds vLLM's native POST /generate (fake_generate.py)
         self.version = 0
         self.host = host
         self.port = port
@@ -340,7 +343,12 @@ def build_app(server: FakeInferenceServer) -> Any:
     """The app behind a FakeInferenceServer: `atropos inference`'s own app with the fake as its backend."""
     from atropos_cli.inference.server import ServerSettings, create_app
 
-    return create_app(server, ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key))
+    app = create_app(server, ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key))
+    if server.tokenizer is not None:
+        from atropos_cli.testing.fake_generate import add_generate_route
+
+        add_generate_route(app, server, _cut, token_logprob)
+    return app
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
