@@ -27,7 +27,17 @@ ENV_FLAGS: dict[str, list[str]] = {
     "teacher_distill.py": ["--env.teacher_base_url", "{base_url}"],
     "checkpointing_env.py": ["--env.ckpt_dir", "{out}/ckpts"],
 }
-COMPARED = ("tokens", "masks", "scores", "advantages", "inference_logprobs", "distill_token_ids", "distill_logprobs")
+COMPARED = (
+    "tokens",
+    "masks",
+    "scores",
+    "advantages",
+    "inference_logprobs",
+    "distill_token_ids",
+    "distill_logprobs",
+    "messages",
+    "overrides",
+)
 _QUESTION = re.compile(r"What is (-?\d+) ([+\-*]) (-?\d+)\?")
 
 
@@ -46,7 +56,8 @@ def _tools(tail: str, prompt: str, k: int) -> str | None:
         return None
     if k % 3 == 2:
         return "I will not use tools."
-    return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression[1]
+    call = {"name": "calculator", "arguments": {"expression": expression[1]}}
+    return f"<tool_call>{json.dumps(call)}</tool_call>"
 
 
 def _game(tail: str, prompt: str, k: int) -> str | None:
@@ -130,7 +141,7 @@ def run_reference(python: str, env_file: str, base_url: str, tokenizer: Path, ou
 
 def run_ours(env_file: str, base_url: str, tokenizer: Path, out: Path) -> list[dict[str, Any]]:
     """`atropos process ENV.py ...` (the env file unmodified); the groups it wrote."""
-    argv = [sys.executable, "-m", "atropos_cli", "process", str(ENVS_DIR / env_file)]
+    argv = [str(Path(sys.executable).parent / "atropos"), "process", str(ENVS_DIR / env_file), "--concurrency", "1"]
     done = _run(argv + process_flags(env_file, base_url, tokenizer, out), out, 90)
     assert done.returncode == 0, f"{env_file} failed under atropos:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     return read_groups(out / "groups.jsonl")
@@ -141,8 +152,9 @@ def read_groups(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def comparable(group: dict[str, Any]) -> list[tuple[str, ...]]:
-    """A group as a sorted list of per-rollout rows of the compared fields (rollout order may differ)."""
+def comparable(group: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
+    """A group as its group_overrides plus the sorted per-rollout rows of the compared fields (the order of
+    rollouts inside a group may differ: concurrent requests of one prompt are answered in arrival order)."""
     rows = []
     for i in range(len(group["tokens"])):
         row = []
@@ -150,4 +162,11 @@ def comparable(group: dict[str, Any]) -> list[tuple[str, ...]]:
             value = group.get(key)
             row.append(json.dumps(value[i] if value else None))
         rows.append(tuple(row))
-    return sorted(rows)
+    return json.dumps(group.get("group_overrides") or None, sort_keys=True), sorted(rows)
+
+
+def reference_transformers_major(python: str) -> int:
+    """The major version of transformers in atroposlib's venv (0.4.0's tokenize_for_trainer needs < 5)."""
+    code = "import transformers; print(transformers.__version__.split('.')[0])"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    return int(done.stdout.strip() or 0)

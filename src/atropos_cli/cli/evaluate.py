@@ -61,7 +61,7 @@ def evaluate_command(
         overrides = plain_overrides(seed=seed, base_url=base_url, model=model, api_key=api_key)
         # k samples per item are one group; an eval must never drop a group for having identical scores.
         overrides["env"].update(group_size=num_samples, ensure_scores_are_not_same=False)
-        loaded = load_env(env, list(ctx.args), str(config) if config else None, overrides)
+        loaded = load_env(env, list(ctx.args), str(config) if config else None, overrides, mode="evaluate")
         paths = EvalPaths(out or _default_out(env))
         skip = prepare_eval_dir(paths, loaded.run_config, num_samples, resume=resume, overwrite=overwrite)
         if uses_default_local_model(loaded.servers):

@@ -78,7 +78,7 @@ def process_command(
             model=model,
             api_key=api_key,
         )
-        loaded = load_env(env, list(ctx.args), str(config) if config else None, overrides)
+        loaded = load_env(env, list(ctx.args), str(config) if config else None, overrides, mode="process")
         jsonl_path = loaded.env_config.data_path_to_save_groups
         if out is not None:
             paths = RunPaths.for_dir(out)

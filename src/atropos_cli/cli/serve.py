@@ -63,7 +63,9 @@ def serve_command(
         )
 
     with cli_errors():
-        loaded = load_env(env, list(ctx.args), str(config) if config else None, _overrides(base_url, model, group_size))
+        loaded = load_env(
+            env, list(ctx.args), str(config) if config else None, _overrides(base_url, model, group_size), mode="serve"
+        )
         options = ServeOptions(
             api_url=api_url, api_key=api_key, spill_path=str(spill) if spill else None, max_groups=max_groups
         )

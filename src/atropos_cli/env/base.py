@@ -101,6 +101,28 @@ class BaseEnv:
         """Cheap checks run before any server or model loads (raise ConfigError): e.g. that a hub dataset is
         reachable, so a run that cannot start fails in seconds. Optional; not part of Atropos' API."""
 
+    # ---- hooks of the loader and the runner (the Atropos compatibility layer overrides them) ----------------
+    @classmethod
+    def mode_defaults(cls, mode: str) -> dict[str, Any]:
+        """Env config values a run mode ("process", "evaluate", "serve") sets below YAML and flags."""
+        return {}
+
+    @classmethod
+    def server_defaults(cls, servers: Any) -> list[ServerConfig]:
+        """config_init's second value as a list of server configs."""
+        return list(servers)
+
+    @classmethod
+    def build(cls, config: EnvConfig, servers: list[ServerConfig]) -> BaseEnv:
+        """The env over a router of `servers` (what `atropos process|serve|evaluate|train` run)."""
+        from atropos_cli.inference.router import ServerManager
+
+        return cls(config, ServerManager(servers))
+
+    async def after_group(self, result: Any, item: Item) -> Any:
+        """Called by the runner with what postprocess_histories returned; returns the group(s) to keep."""
+        return result
+
     @property
     def tokenizer(self) -> Any | None:
         """The tokenizer of `config.tokenizer_name` (or of the local model); None when there is none."""

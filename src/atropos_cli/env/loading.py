@@ -52,20 +52,31 @@ def resolve_run_config(
     dotted_args: list[str],
     config_path: str | None,
     overrides: dict[str, dict[str, Any]] | None = None,
+    *,
+    mode: str | None = None,
+    env_cls: type[BaseEnv] | None = None,
 ) -> tuple[type[BaseEnv], RunConfig, EnvConfig]:
-    """Resolve the env class and its layered config without building servers (cheap: no model loading)."""
-    env_cls = resolve_env(env_spec)
+    """Resolve the env class and its layered config without building servers (cheap: no model loading).
+
+    Layers, lowest first: config_init(), the run mode's defaults (`env_cls.mode_defaults(mode)`), YAML,
+    `overrides` (plain CLI options), dotted flags. The env config is validated as the class config_init
+    returned (a subclass of `env_config_cls`, as Atropos envs often return).
+    """
+    env_cls = env_cls or resolve_env(env_spec)
     env_defaults, server_defaults = env_cls.config_init()
+    if mode:
+        env_defaults = env_defaults.model_copy(update=env_cls.mode_defaults(mode))
     yaml_data = load_yaml(config_path) if config_path else None
     cli = parse_dotted_flags(dotted_args)
     overrides = overrides or {}
     cli_env = {**overrides.get("env", {}), **cli["env"]}
     cli_openai = {**overrides.get("openai", {}), **cli["openai"]}
+    config_cls = type(env_defaults) if isinstance(env_defaults, env_cls.env_config_cls) else env_cls.env_config_cls
     env_config, servers = resolve_config(
         env_spec,
-        env_cls.env_config_cls,
+        config_cls,
         env_defaults,
-        list(server_defaults),
+        env_cls.server_defaults(server_defaults),
         yaml_data,
         cli_env,
         cli_openai,
@@ -80,14 +91,16 @@ def load_env(
     dotted_args: list[str],
     config_path: str | None,
     overrides: dict[str, dict[str, Any]] | None = None,
+    *,
+    mode: str | None = None,
+    env_cls: type[BaseEnv] | None = None,
 ) -> LoadedEnv:
     """Resolve and instantiate: env class + layered config + ServerManager over the configured servers."""
-    from atropos_cli.inference.router import ServerManager
-
-    env_cls, run_config, env_config = resolve_run_config(env_spec, dotted_args, config_path, overrides)
-    check = getattr(env_cls, "check_config", None)  # Atropos envs do not have it
+    env_cls, run_config, env_config = resolve_run_config(
+        env_spec, dotted_args, config_path, overrides, mode=mode, env_cls=env_cls
+    )
+    check = getattr(env_cls, "check_config", None)  # envs that are not ours may lack it
     if check is not None:
         check(env_config)
-    manager = ServerManager(run_config.openai)
-    env = env_cls(env_config, manager)
+    env = env_cls.build(env_config, run_config.openai)
     return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)

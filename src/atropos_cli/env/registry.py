@@ -10,13 +10,16 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import inspect
+import re
 import sys
+import traceback
 from dataclasses import dataclass
 from functools import cache
 from importlib.metadata import EntryPoint, entry_points
 from pathlib import Path
 from types import ModuleType
 
+from atropos_cli.env.aliases import ALIASES, install_aliases
 from atropos_cli.env.base import BaseEnv
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
 
@@ -111,6 +114,7 @@ def _import_file(path: Path) -> ModuleType:
     if spec is None or spec.loader is None:
         raise EnvLoadError(f"cannot import {str(path)!r}", hint="env files must be Python (.py) files")
     module = importlib.util.module_from_spec(spec)
+    install_aliases()  # `import atroposlib...` in the file resolves to our compatibility layer
     sys.modules[module_name] = module
     sys.path.insert(0, str(path.parent))  # so an env file can import its siblings
     try:
@@ -120,6 +124,9 @@ def _import_file(path: Path) -> ModuleType:
         raise EnvLoadError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg}", hint="fix the env file and run again"
         ) from None
+    except ImportError as exc:
+        del sys.modules[module_name]
+        raise _import_error(path, exc) from None
     except Exception as exc:  # any import-time failure of user code becomes one clear line
         del sys.modules[module_name]
         raise EnvLoadError(
@@ -128,6 +135,25 @@ def _import_file(path: Path) -> ModuleType:
     finally:
         sys.path.remove(str(path.parent))
     return module
+
+
+def _import_error(path: Path, exc: ImportError) -> EnvLoadError:
+    """One line naming the env file, its line and the missing name (an atroposlib name gets its own hint)."""
+    line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(path)), None)
+    where = f"{path}:{line}" if line else str(path)
+    missing = getattr(exc, "name", None) or ""
+    found = re.search(r"cannot import name '([^']+)' from '([^']+)'", str(exc))
+    if found:
+        name, module = found.groups()
+        module = module.replace(ALIASES["atroposlib"], "atroposlib")
+        message = f"{where}: {module} has no {name!r}"
+    else:
+        message = f"{where}: no module named {missing.replace(ALIASES['atroposlib'], 'atroposlib')!r}"
+    if "atroposlib" in message:
+        hint = "atropos implements atroposlib 0.4.0's env surface; this name is not part of it (see README: Porting)"
+    else:
+        hint = "install the package that provides it, or fix the import"
+    return EnvLoadError(message, hint=hint)
 
 
 def resolve_env(spec: str) -> type[BaseEnv]:

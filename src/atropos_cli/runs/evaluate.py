@@ -194,8 +194,10 @@ async def run_eval(
     stats = EvalStats(items_resumed=len(skip))
     try:
         await call_env(env, "setup", env.setup())
-        custom = await call_env(env, "evaluate", env.evaluate()) if has_custom_evaluate(env) else None
-        items = [] if custom is not None and not callable(getattr(env, "items", None)) else eval_items(env, limit)
+        custom_eval = has_custom_evaluate(env)
+        custom = await call_env(env, "evaluate", env.evaluate()) if custom_eval else None
+        no_items = not callable(getattr(env, "items", None))
+        items = [] if (custom is not None or custom_eval) and no_items else eval_items(env, limit)
         todo = [(i, item) for i, item in enumerate(items) if i not in skip]
         stats.items_total, stats.items_done = len(items), len(items) - len(todo)
         queue = iter(todo)

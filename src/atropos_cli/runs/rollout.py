@@ -110,6 +110,7 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
         with seeding:
             result, backlog = await env.collect_trajectories(item)
         result = await env.postprocess_histories(result)
+        result = await env.after_group(result, item)
         outcome.backlog = list(backlog or [])
         for raw in _as_groups(result):
             try:

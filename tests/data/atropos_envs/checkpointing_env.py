@@ -8,10 +8,9 @@ cleanup, EvalHandlingEnum.
 import json
 import os
 
-from pydantic import Field
-
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, EvalHandlingEnum, ScoredDataGroup
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from pydantic import Field
 
 
 class CheckpointConfig(BaseEnvConfig):
@@ -61,7 +60,9 @@ class CheckpointingEnv(BaseEnv):
         data["iter"] = self.iter
         super().save_checkpoint(step, data)
 
-    async def handle_send_to_api(self, scored_data, item=None, do_send_to_api=True, abort_on_any_max_length_exceeded=True):
+    async def handle_send_to_api(
+        self, scored_data, item=None, do_send_to_api=True, abort_on_any_max_length_exceeded=True
+    ):
         scored_data["overrides"] = [{"iter": self.iter} for _ in scored_data["tokens"]]
         return await super().handle_send_to_api(scored_data, item, do_send_to_api, abort_on_any_max_length_exceeded)
 

@@ -6,12 +6,11 @@ to pick a mode (as the agent envs that continue Atropos do), split="eval" routin
 
 import re
 
-from pydantic import Field
-
 from atroposlib.envs.base import BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.openai_server import OpenAIServer
 from atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerBaseline, ServerManager
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from pydantic import Field
 
 
 class JudgeConfig(BaseEnvConfig):

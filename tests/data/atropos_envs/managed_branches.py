@@ -13,7 +13,9 @@ class BranchesEnv(BaseEnv):
     @classmethod
     def config_init(cls):
         config = BaseEnvConfig(group_size=4, use_wandb=False, max_token_length=16, total_steps=2)
-        return config, [APIServerConfig(model_name="fake-model", base_url="http://localhost:9001/v1", server_type="vllm")]
+        return config, [
+            APIServerConfig(model_name="fake-model", base_url="http://localhost:9001/v1", server_type="vllm")
+        ]
 
     async def setup(self):
         self.k = 0
@@ -33,7 +35,7 @@ class BranchesEnv(BaseEnv):
         group["masks"] = []
         group["scores"] = []
         group["inference_logprobs"] = []
-        for choice, node in zip(completion.choices, nodes):
+        for choice, node in zip(completion.choices, nodes, strict=True):
             group["tokens"].append(node.tokens)
             group["masks"].append(node.masked_tokens)
             group["inference_logprobs"].append(node.logprobs)

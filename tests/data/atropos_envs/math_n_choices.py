@@ -5,7 +5,6 @@ tokenize_for_trainer, ScoredDataGroup built empty then key by key, Item.
 """
 
 import random
-from typing import List, Optional, Tuple
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Item
@@ -18,7 +17,7 @@ class ArithmeticEnv(BaseEnv):
     name = "arith_n_choices"
 
     @classmethod
-    def config_init(cls) -> Tuple[BaseEnvConfig, List[APIServerConfig]]:
+    def config_init(cls) -> tuple[BaseEnvConfig, list[APIServerConfig]]:
         config = BaseEnvConfig(group_size=4, use_wandb=False, max_token_length=64, total_steps=3)
         return config, [APIServerConfig(model_name="fake-model", base_url="http://localhost:9001/v1")]
 
@@ -36,7 +35,7 @@ class ArithmeticEnv(BaseEnv):
         a, op, b = item
         return a + b if op == "+" else a - b if op == "-" else a * b
 
-    async def collect_trajectories(self, item) -> Tuple[Optional[ScoredDataGroup], list]:
+    async def collect_trajectories(self, item) -> tuple[ScoredDataGroup | None, list]:
         a, op, b = item
         user = {"role": "user", "content": f"What is {a} {op} {b}?"}
         completions = await self.server.chat_completion(

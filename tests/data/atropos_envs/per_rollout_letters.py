@@ -5,13 +5,10 @@ Uses: ScoredDataItem built key by key,
 collect_trajectory, tokenize_for_trainer(include_messages=True), a custom BaseEnvConfig subclass.
 """
 
-from typing import List, Optional, Tuple
-
-from pydantic import Field
-
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataItem
 from atroposlib.type_definitions import Item
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from pydantic import Field
 
 WORDS = ["banana", "strawberry", "mississippi", "bookkeeper", "assess", "committee"]
 
@@ -25,7 +22,7 @@ class LetterCountEnv(BaseEnv):
     env_config_cls = LetterConfig
 
     @classmethod
-    def config_init(cls) -> Tuple[LetterConfig, List[APIServerConfig]]:
+    def config_init(cls) -> tuple[LetterConfig, list[APIServerConfig]]:
         config = LetterConfig(group_size=3, use_wandb=False, max_token_length=32, total_steps=3)
         return config, [APIServerConfig(model_name="fake-model", base_url="http://localhost:9001/v1", api_key="x")]
 
@@ -38,7 +35,7 @@ class LetterCountEnv(BaseEnv):
         self.i += 1
         return {"word": word, "letter": letter}
 
-    async def collect_trajectory(self, item) -> Tuple[Optional[ScoredDataItem], list]:
+    async def collect_trajectory(self, item) -> tuple[ScoredDataItem | None, list]:
         prompt = f"Count the letter '{item['letter']}' in \"{item['word']}\". Reply with a number."
         chat = [{"role": "user", "content": prompt}]
         completion = await self.server.chat_completion(messages=chat, n=1, max_tokens=self.config.max_token_length)

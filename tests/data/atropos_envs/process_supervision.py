@@ -5,7 +5,6 @@ compute_stats / allclose_to_first, group["advantages"] (per token), tokenize_for
 """
 
 import numpy as np
-
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.utils.advantages import (
     allclose_to_first,
@@ -54,7 +53,7 @@ class ProcessSupervisionEnv(BaseEnv):
         group["masks"] = [t["masks"] for t in tokenized]
         group["scores"] = [float(compute_discounted_returns(np.array(s), 0.9)[0]) for s in step_rewards]
         group["advantages"] = []
-        for t, adv in zip(tokenized, advantages):
+        for t, adv in zip(tokenized, advantages, strict=True):
             # the first step's advantage on the first half of the completion, the second's on the rest
             completion = [i for i, m in enumerate(t["masks"]) if m != -100]
             half = completion[: len(completion) // 2]

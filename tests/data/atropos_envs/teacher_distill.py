@@ -6,11 +6,10 @@ Uses: a second ServerManager of server_type vllm, ServerManager.get_logprobs(inp
 {prompt_tokens, prompt_topk_token_ids, prompt_topk_logprobs}, the distill_* fields of ScoredDataGroup.
 """
 
-from pydantic import Field
-
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.envs.server_handling.server_manager import ServerManager
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from pydantic import Field
 
 
 class DistillConfig(BaseEnvConfig):

@@ -9,8 +9,8 @@ import json
 
 from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
 from atroposlib.type_definitions import Message
-from atroposlib.utils.tool_call_parser import extract_tool_call, parse_tool_call
 from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+from atroposlib.utils.tool_call_parser import extract_tool_call, parse_tool_call
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
 SYSTEM = "You can call tools. <tools>" + json.dumps(TOOLS) + "</tools> Wrap calls in <tool_call></tool_call>."

@@ -1,0 +1,1 @@
+"""atroposlib.envs.server_handling."""

@@ -1,0 +1,210 @@
+"""atroposlib.envs.server_handling.managed_server: token-exact tracking of what the model saw and sampled.
+
+`ManagedServer.chat_completion(messages=..., n=...)` renders the chat with the tokenizer's template, asks the
+server for token ids + logprobs (`tokens_and_logprobs_completion`), and records one `SequenceNode` per
+choice: `tokens` (prompt + completion), `masked_tokens` (-100 on prompt positions), `logprobs` (1.0 on prompt
+positions). A later call whose rendered prompt extends a node's `full_text` (the next turn of the same
+conversation) reuses that node's tokens and replaces it, so a multi-turn rollout ends as one node whose
+earlier completions stay unmasked. `track_tree=True` keeps every node instead. With tools and a tool parser
+("hermes"), `<tool_call>` blocks come back as `message.tool_calls`; nodes keep the raw text.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from pydantic import BaseModel
+
+__all__ = ["SequenceNode", "ManagedServer", "DummyManagedServer"]
+
+
+class SequenceNode(BaseModel):
+    full_text: str
+    tokens: list[int]
+    masked_tokens: list[int]
+    logprobs: list[float]
+    metadata: dict[str, Any] | None = None
+
+
+def _chat_completion(model: str, choices: list[dict[str, Any]]) -> Any:
+    from openai.types.chat import ChatCompletion
+
+    return ChatCompletion.model_validate(
+        {
+            "id": str(uuid.uuid4()),
+            "created": int(time.time()),
+            "model": model,
+            "object": "chat.completion",
+            "choices": choices,
+        }
+    )
+
+
+class ManagedServer:
+    def __init__(
+        self,
+        server: Any,
+        tokenizer: Any = None,
+        track_tree: bool = False,
+        tool_parser: str | None = None,
+        preserve_think_blocks: bool = False,
+    ) -> None:
+        self.server = server
+        self.tokenizer = tokenizer if tokenizer is not None else getattr(server, "tokenizer", None)
+        self.track_tree = track_tree
+        self.tool_parser = tool_parser
+        self.preserve_think_blocks = preserve_think_blocks
+        self.current_nodes: list[SequenceNode] = []
+        self.sequences: dict[str, SequenceNode] = {}
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
+        if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):
+            return "\n".join(f"{m['role']}: {m.get('content', '')}" for m in messages)
+        kwargs: dict[str, Any] = {"tokenize": False}
+        kwargs["add_generation_prompt"] = not messages or messages[-1].get("role") != "assistant"
+        if tools:
+            kwargs["tools"] = tools
+        return self.tokenizer.apply_chat_template([dict(m) for m in messages], **kwargs)
+
+    def _extending(self, prompt: str) -> SequenceNode | None:
+        return next((node for node in self.current_nodes if prompt.startswith(node.full_text)), None)
+
+    def _input_ids(self, prompt: str, node: SequenceNode | None) -> list[int]:
+        if node is None:
+            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+        suffix = prompt[len(node.full_text) :]
+        return node.tokens + (list(self.tokenizer.encode(suffix, add_special_tokens=False)) if suffix else [])
+
+    def _node(
+        self,
+        prompt: str,
+        prompt_ids: list[int],
+        out: list[int],
+        lps: list[float],
+        text: str,
+        finish: str,
+        base: SequenceNode | None,
+    ) -> SequenceNode:
+        lps = (list(lps) + [1.0] * len(out))[: len(out)]
+        if base is not None:
+            suffix = len(prompt_ids) - len(base.tokens)
+            masked = base.masked_tokens + [-100] * suffix + list(out)
+            logprobs = base.logprobs + [1.0] * suffix + lps
+        else:
+            masked = [-100] * len(prompt_ids) + list(out)
+            logprobs = [1.0] * len(prompt_ids) + lps
+        return SequenceNode(
+            full_text=prompt + text,
+            tokens=list(prompt_ids) + list(out),
+            masked_tokens=masked,
+            logprobs=logprobs,
+            metadata={"finish_reason": finish},
+        )
+
+    def _record(self, node: SequenceNode, base: SequenceNode | None) -> None:
+        if self.track_tree:
+            self.sequences[node.full_text] = node
+        elif base is not None and base in self.current_nodes:
+            self.current_nodes[self.current_nodes.index(base)] = node
+        else:
+            self.current_nodes.append(node)
+
+    async def _sample(self, prompt: str, kwargs: dict[str, Any]) -> tuple[Any, list[int], list, list, list]:
+        base = None if self.track_tree else self._extending(prompt)
+        if self.track_tree and prompt in self.sequences:
+            base = self.sequences[prompt]
+        request = {k: v for k, v in kwargs.items() if k not in ("messages", "prompt")}
+        request["prompt"] = prompt
+        if self.tokenizer is not None:
+            request["input_ids"] = self._input_ids(prompt, base)
+        prompt_ids, outs, lps, finishes = await self.server.tokens_and_logprobs_completion(**request)
+        return base, list(prompt_ids), outs, lps, finishes
+
+    def _decode(self, ids: list[int], keep_special: bool) -> str:
+        if self.tokenizer is None:
+            return "".join(chr(t) for t in ids if t > 31)
+        return self.tokenizer.decode(ids, skip_special_tokens=not keep_special)
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        tools = kwargs.pop("tools", None)
+        tool_choice = kwargs.pop("tool_choice", None)
+        use_tools = bool(tools) and self.tool_parser is not None and tool_choice != "none"
+        prompt = self._render(kwargs.get("messages", []), tools if use_tools else None)
+        base, prompt_ids, outs, lps, finishes = await self._sample(prompt, kwargs)
+        choices = []
+        for i, out in enumerate(outs):
+            finish = finishes[i] if i < len(finishes) else "stop"
+            finish = finish.get("type", "stop") if isinstance(finish, dict) else finish
+            text = self._decode(out, use_tools)
+            self._record(self._node(prompt, prompt_ids, out, lps[i], text, finish, base), base)
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if use_tools:
+                from atropos_cli.compat.atroposlib.utils.tool_call_parser import parse_tool_calls
+
+                content, calls = parse_tool_calls(text)
+                if calls:
+                    message, finish = (
+                        {"role": "assistant", "content": content or None, "tool_calls": calls},
+                        "tool_calls",
+                    )
+            choices.append({"index": i, "finish_reason": finish, "message": message})
+        return _chat_completion(self.server.config.model_name, choices)
+
+    async def completion(self, **kwargs: Any) -> Any:
+        from openai.types.completion import Completion
+
+        prompt = kwargs.get("prompt", "")
+        base, prompt_ids, outs, lps, finishes = await self._sample(prompt, kwargs)
+        choices = []
+        for i, out in enumerate(outs):
+            finish = finishes[i] if i < len(finishes) else "stop"
+            text = self._decode(out, False)
+            self._record(self._node(prompt, prompt_ids, out, lps[i], text, finish, base), base)
+            choices.append({"index": i, "finish_reason": finish, "text": text, "logprobs": None})
+        body = {"id": str(uuid.uuid4()), "created": int(time.time()), "model": self.server.config.model_name}
+        return Completion.model_validate({**body, "object": "text_completion", "choices": choices})
+
+    def get_state(self) -> dict[str, Any]:
+        if self.track_tree:
+            return {"sequences": dict(self.sequences), "tree": dict(self.sequences)}
+        return {"nodes": list(self.current_nodes)}
+
+    def reset(self) -> None:
+        self.current_nodes = []
+        self.sequences = {}
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        if "messages" in kwargs and "input_ids" not in kwargs:
+            kwargs["prompt"] = self._render(kwargs.pop("messages"), None)
+        if "prompt" in kwargs and "input_ids" not in kwargs and self.tokenizer is not None:
+            kwargs["input_ids"] = list(self.tokenizer.encode(kwargs["prompt"], add_special_tokens=True))
+        return await self.server.get_logprobs(**kwargs)
+
+
+class DummyManagedServer(ManagedServer):
+    """For OpenAI endpoints (no token ids) when ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1: real text, placeholder
+    token ids and logprobs (zeros) that are not fit for training."""
+
+    async def chat_completion(self, **kwargs: Any) -> Any:
+        kwargs.pop("tools", None)
+        kwargs.pop("tool_choice", None)
+        completion = await self.server.chat_completion(**kwargs)
+        prompt = self._render(kwargs.get("messages", []), None)
+        choices = []
+        for i, choice in enumerate(completion.choices):
+            text = choice.message.content or ""
+            self.current_nodes.append(
+                SequenceNode(
+                    full_text=prompt + text, tokens=[0], masked_tokens=[0], logprobs=[0.0], metadata={"dummy": True}
+                )
+            )
+            choices.append(
+                {
+                    "index": i,
+                    "finish_reason": choice.finish_reason or "stop",
+                    "message": {"role": "assistant", "content": text},
+                }
+            )
+        return _chat_completion(self.server.config.model_name, choices)

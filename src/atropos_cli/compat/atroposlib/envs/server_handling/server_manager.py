@@ -1,0 +1,141 @@
+"""atroposlib.envs.server_handling.server_manager: `ServerManager`, what env code calls as `self.server`.
+
+It IS our router (`atropos_cli.inference.router.ServerManager`: routing to the freest server, n-splitting,
+retries, clear errors), built from atroposlib-style configs, plus atroposlib's extras: `.servers` (one
+`OpenAIServer` / `VLLMServer` / ... per config, for `isinstance` checks and direct calls),
+`tokens_and_logprobs_completion`, `get_logprobs`, `managed_server()`, `dedicated_server()`, `update_weight`.
+
+Configs: a list -> one server each. A lone `APIServerConfig` -> that one server (atroposlib itself would
+discover URLs instead and ignore its base_url). A `ServerBaseline` -> atroposlib's discovery: four local
+servers at http://localhost:9004..9007/v1 (`atropos process|serve` instead treat a baseline as one server
+configured by `--openai.*`, or the local model when no URL is given).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from atropos_cli.compat.atroposlib.envs.server_handling.managed_server import DummyManagedServer, ManagedServer
+from atropos_cli.compat.atroposlib.envs.server_handling.openai_server import OpenAIServer
+from atropos_cli.compat.atroposlib.envs.server_handling.server_baseline import (
+    APIServer,
+    APIServerConfig,
+    ReasoningConfig,
+    ServerBaseline,
+)
+from atropos_cli.compat.atroposlib.envs.server_handling.sglang_server import SGLangServer
+from atropos_cli.compat.atroposlib.envs.server_handling.trl_vllm_server import TrlVllmServer
+from atropos_cli.compat.atroposlib.envs.server_handling.vllm_server import VLLMServer
+from atropos_cli.config import ServerConfig
+from atropos_cli.inference.router import ServerManager as Router
+
+__all__ = ["ServerManager", "ServerManagerConfig", "APIServerConfig", "ServerBaseline", "APIServer"]
+
+SERVER_CLASSES: dict[str, type[APIServer]] = {
+    "openai": OpenAIServer,
+    "vllm": VLLMServer,
+    "sglang": SGLangServer,
+    "trl": TrlVllmServer,
+    "local": APIServer,
+}
+
+
+class ServerManagerConfig(BaseModel):
+    slurm: bool = Field(default=False, description="Whether environment is running on slurm or not.")
+    testing: bool = Field(default=False, description="If set to True, environment uses mock OpenAI data.")
+    max_n_completions: int = Field(default=8, description="Split any n larger than this into several calls.")
+    proxy_url: str | None = Field(default=None, description="URL of the ManagedServer OpenAI proxy.")
+
+
+def as_server_configs(configs: Any) -> list[APIServerConfig]:
+    """atroposlib's accepted shapes -> a list of APIServerConfig (see the module docstring)."""
+    if isinstance(configs, ServerConfig):
+        return [APIServerConfig(**configs.model_dump())]
+    if isinstance(configs, ServerBaseline):
+        fields = configs.model_dump()
+        return [APIServerConfig(**fields, base_url=f"http://localhost:{9004 + i}/v1", api_key="x") for i in range(4)]
+    return [c if isinstance(c, APIServerConfig) else APIServerConfig(**dict(c)) for c in configs]
+
+
+class ServerManager(Router):
+    def __init__(
+        self,
+        configs: Any,
+        server_class: Any = None,
+        slurm: bool = False,
+        testing: bool = False,
+        max_n_completions: int = 8,
+        reasoning_config: ReasoningConfig | None = None,
+        proxy_url: str | None = None,
+        use_proxy: bool = False,
+        tool_parser: str | None = None,
+        backends: list[Any] | None = None,
+    ) -> None:
+        server_configs = as_server_configs(configs)
+        super().__init__(list(server_configs), backends, max_n_completions=max_n_completions)
+        self.reasoning_config = reasoning_config
+        self.tool_parser = tool_parser
+        self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
+        # one wrapper per server; each sends through a one-server router sharing this router's backend
+        self.servers = [
+            self._wrap(config, Router([config], [server.backend]), server_class)
+            for config, server in zip(server_configs, self._servers, strict=True)
+        ]
+
+    def _wrap(self, config: APIServerConfig, router: Router, server_class: Any) -> APIServer:
+        cls = server_class if isinstance(server_class, type) and server_class is not APIServer else None
+        cls = cls or SERVER_CLASSES.get(config.server_type, APIServer)
+        return cls(config, self.reasoning_config, router=router)
+
+    def _freest(self) -> APIServer:
+        healthy = [s for s in self.servers if s.server_healthy] or self.servers
+        return max(healthy, key=lambda s: s.sem._value)
+
+    async def update_weight(self, weight: float) -> None:
+        for server in self.servers:
+            await server.update_weight(weight)
+
+    async def tokens_and_logprobs_completion(self, **kwargs: Any) -> tuple[list, list, list, list]:
+        """(prompt_tokens, output_tokens[], output_logprobs[], finish_reasons[]) from the freest server."""
+        kwargs.pop("split", None)
+        return await self._freest().tokens_and_logprobs_completion(**kwargs)
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        kwargs.pop("split", None)
+        return await self._freest().get_logprobs(**kwargs)
+
+    @asynccontextmanager
+    async def dedicated_server(self) -> AsyncIterator[APIServer]:
+        server = self._freest()
+        async with server.sem:
+            yield server
+
+    @asynccontextmanager
+    async def managed_server(
+        self, tokenizer: Any = None, base_url: str | None = None, preserve_think_blocks: bool = False
+    ) -> AsyncIterator[Any]:
+        """A ManagedServer over one server (the one at `base_url`, else the freest); state cleared on exit."""
+        pinned = [s for s in self.servers if base_url and s.config.base_url == base_url]
+        server = pinned[0] if pinned else self._freest()
+        if isinstance(server, OpenAIServer) and os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() in (
+            "1",
+            "true",
+            "yes",
+        ):
+            managed: Any = DummyManagedServer(server=server, tokenizer=tokenizer)
+        else:
+            managed = ManagedServer(
+                server=server,
+                tokenizer=tokenizer or self.tokenizer,
+                tool_parser=self.tool_parser,
+                preserve_think_blocks=preserve_think_blocks,
+            )
+        try:
+            yield managed
+        finally:
+            managed.reset()

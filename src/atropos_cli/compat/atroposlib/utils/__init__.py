@@ -1,0 +1,3 @@
+"""atroposlib.utils: the helpers env files import."""
+
+__all__: list[str] = []
