@@ -139,6 +139,49 @@ def run_reference(python: str, env_file: str, base_url: str, tokenizer: Path, ou
     return read_groups(out / "groups.jsonl")
 
 
+def run_reference_batch(
+    python: str, jobs: list[tuple[str, str, Path]], tokenizer: Path, out: Path
+) -> dict[str, list[dict[str, Any]]]:
+    """Several (env_file, base_url, out_dir) runs under atroposlib in one interpreter; their groups by env."""
+    specs = [
+        {"env_file": str(ENVS_DIR / name), "out": str(d), "argv": process_flags(name, url, tokenizer, d)}
+        for name, url, d in jobs
+    ]
+    jobs_file = out / "jobs.json"
+    jobs_file.write_text(json.dumps(specs))
+    driver = Path(__file__).parent / "atropos_reference_driver.py"
+    done = _run([python, str(driver), str(jobs_file)], out, 600)
+    results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    failed = [r for r in results if not r["ok"]]
+    assert len(results) == len(jobs) and not failed, f"atroposlib runs failed: {failed or done.stderr[-3000:]}"
+    return {name: read_groups(d / "groups.jsonl") for name, _, d in jobs}
+
+
+def run_ours_in_process(env_file: str, base_url: str, tokenizer: Path, out: Path) -> list[dict[str, Any]]:
+    """`atropos process ENV.py ...` through our Typer app in this process (the CLI code, without a new
+    interpreter per env); the groups it wrote."""
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    out.mkdir(parents=True, exist_ok=True)
+    args = [
+        "process",
+        str(ENVS_DIR / env_file),
+        "--concurrency",
+        "1",
+        *process_flags(env_file, base_url, tokenizer, out),
+    ]
+    cwd = os.getcwd()
+    os.chdir(out)
+    try:
+        result = CliRunner().invoke(app, args)
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, f"{env_file} failed under atropos:\n{result.output[-3000:]}"
+    return read_groups(out / "groups.jsonl")
+
+
 def run_ours(env_file: str, base_url: str, tokenizer: Path, out: Path) -> list[dict[str, Any]]:
     """`atropos process ENV.py ...` (the env file unmodified); the groups it wrote."""
     argv = [str(Path(sys.executable).parent / "atropos"), "process", str(ENVS_DIR / env_file), "--concurrency", "1"]

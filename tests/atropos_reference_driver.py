@@ -1,0 +1,34 @@
+"""Runs several Atropos env files' `process` in ONE atroposlib interpreter (saves its import time per env).
+
+Usage (by tests/atropos_conformance.py, in atroposlib's venv): `python atropos_reference_driver.py JOBS.json`
+where JOBS.json is a list of {"env_file", "out", "argv"}; prints one JSON line per job: {"env_file", "ok",
+"error"}. Each job runs as `python ENV.py process ARGV...` would: in `out`, as `__main__`.
+"""
+
+import json
+import os
+import runpy
+import sys
+import traceback
+
+
+def run(job):
+    os.makedirs(job["out"], exist_ok=True)
+    os.chdir(job["out"])
+    sys.argv = [job["env_file"], "process", *job["argv"]]
+    try:
+        runpy.run_path(job["env_file"], run_name="__main__")
+    except SystemExit as exc:
+        if exc.code not in (0, None):
+            return f"exit {exc.code}"
+    except BaseException:
+        return traceback.format_exc()[-3000:]
+    return None
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1]) as f:
+        jobs = json.load(f)
+    for job in jobs:
+        error = run(job)
+        print(json.dumps({"env_file": job["env_file"], "ok": error is None, "error": error}), flush=True)
