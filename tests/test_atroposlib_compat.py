@@ -14,9 +14,11 @@ import asyncio
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import cache
 from pathlib import Path
 
 import httpx
@@ -25,6 +27,7 @@ import pytest
 from atropos_cli.resources import resolve_model_path
 from atropos_cli.runs.serve import ServeOptions, serve_env
 from atropos_cli.testing import free_port
+from atropos_conformance import portable_tokenizer
 from test_api_durability import api_process
 from test_serve import load, start_trainer
 
@@ -40,9 +43,15 @@ REG = {
 }  # fmt: skip
 
 
+@cache
+def _tokenizer() -> Path:
+    """The shipped tokenizer in a form atroposlib's venv reads whatever its transformers (4 or 5)."""
+    return portable_tokenizer(resolve_model_path("atropos-tiny-arith"), Path(tempfile.mkdtemp()) / "tok")
+
+
 @contextmanager
 def atropos_process(args: list[str], log: Path) -> Iterator[subprocess.Popen]:
-    env = {**os.environ, "ATROPOS_TEST_TOKENIZER": resolve_model_path("atropos-tiny-arith")}
+    env = {**os.environ, "ATROPOS_TEST_TOKENIZER": str(_tokenizer())}
     with log.open("w") as out:
         proc = subprocess.Popen([PYTHON, *args], env=env, stdout=out, stderr=subprocess.STDOUT)
         try:
@@ -118,7 +127,7 @@ def test_atroposlib_sft_gen_against_atropos_api(tmp_path: Path) -> None:
     with api_process(None, port):
         url = f"http://127.0.0.1:{port}"
         sft_gen = str(Path(PYTHON).parent / "atropos-sft-gen")
-        tokenizer = resolve_model_path("atropos-tiny-arith")
+        tokenizer = str(_tokenizer())
         sft_args = [sft_gen, str(out), "--api-url", url, "--group-size", "2", "--tasks-per-step", "2"]
         sft_args += ["--tokenizer", tokenizer, "--num-seqs-to-save", "4", "--max-token-len", "2048"]
         with atropos_process(sft_args, tmp_path / "sft.log") as sft:

@@ -304,7 +304,8 @@ class ServerManager:
         if last.kind == "connection":
             return ServerUnreachableError(
                 f"no inference server answered at {last.url!r}",
-                hint="start one (e.g. `atropos inference`) or fix --openai.base_url",
+                hint="start one (e.g. `atropos inference`) or fix --openai.base_url; offline, run the shipped "
+                "model in-process instead: --openai.server_type local --model atropos-tiny-arith",
             )
         if last.kind == "timeout":
             timeout = max(s.config.timeout for s in self._servers)
