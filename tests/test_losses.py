@@ -153,3 +153,33 @@ def test_micro_batch_losses_add_up_to_the_full_batch(name):
 def test_unknown_preset_is_a_key_error():
     with pytest.raises(KeyError):
         loss_config("ppo2")
+
+
+def test_distill_loss_value_and_gradient_on_hand_computed_tensors() -> None:
+    """Two sequences, three positions. Student log-probs s, teacher log-probs t, mask m (the last token of the
+    second sequence has no teacher logprob). k = s - t on covered tokens:
+      row 0: (-1.0+2.0, -0.5+0.5, -2.0+1.0) = (1.0, 0.0, -1.0)
+      row 1: (-0.2+1.2, -1.5+1.0, masked)   = (1.0, -0.5, 0)
+    loss = sum(m * k * s) / N with N = 5 trained tokens
+         = (1.0*-1.0 + 0 + -1.0*-2.0 + 1.0*-0.2 + -0.5*-1.5) / 5 = (-1 + 2 - 0.2 + 0.75) / 5 = 0.31
+    d loss / d s = m * k / N (k is held constant): (0.2, 0, -0.2; 0.2, -0.1, 0)."""
+    from atropos_cli.trainer.losses import Normaliser, distill_loss
+
+    student = torch.tensor([[-1.0, -0.5, -2.0], [-0.2, -1.5, -0.7]], requires_grad=True)
+    teacher = torch.tensor([[-2.0, -0.5, -1.0], [-1.2, -1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    loss = distill_loss(student, teacher, mask, Normaliser(num_sequences=2, num_tokens=5))
+    assert loss.item() == pytest.approx(0.31)
+    loss.backward()
+    expected = torch.tensor([[0.2, 0.0, -0.2], [0.2, -0.1, 0.0]])
+    assert torch.allclose(student.grad, expected)
+
+
+def test_teacher_logprobs_of_the_sampled_tokens() -> None:
+    from atropos_cli.trainer.batching import teacher_logprobs
+
+    tokens = [5, 7, 9, 4]
+    top_ids = [[], [7, 8], [1, 2], [4, 9]]  # position 0 has none (vLLM's prompt_logprobs start at None)
+    top_lps = [[], [-0.1, -2.0], [-0.3, -0.4], [-0.5, -0.9]]
+    got = teacher_logprobs(tokens, top_ids, top_lps)
+    assert got[0] == -0.1 and math.isnan(got[1]) and got[2] == -0.5

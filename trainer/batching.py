@@ -37,6 +37,8 @@ class Sample:
     advantages: list[float]  # per position of tokens[1:]
     temperature: float
     inference_logprobs: list[float] | None  # per position of tokens[1:]
+    # the teacher's logprob of each target token (per position of tokens[1:]), NaN where its top-k lacks it
+    teacher_logprobs: list[float] | None = None
 
     @property
     def num_trained(self) -> int:
@@ -98,7 +100,20 @@ def _sample(group: ScoredGroup, i: int, advantage: float, max_len: int) -> tuple
         temperature=_temperature(group, i),
         inference_logprobs=[float(x) for x in inf] if inf is not None else None,
     )
+    if group.distill_token_ids is not None and group.distill_logprobs is not None:
+        full = teacher_logprobs(group.tokens[i], group.distill_token_ids[i], group.distill_logprobs[i])
+        sample.teacher_logprobs = full[: len(tokens) - 1]
     return sample, truncated
+
+
+def teacher_logprobs(tokens: list[int], top_ids: list[list[int]], top_lps: list[list[float]]) -> list[float]:
+    """The teacher's logprob of tokens[t] for t >= 1, from its top-k at position t; NaN when not in the top-k."""
+    out = []
+    for t in range(1, len(tokens)):
+        ids = top_ids[t] if t < len(top_ids) else []
+        lps = top_lps[t] if t < len(top_lps) else []
+        out.append(float(lps[ids.index(tokens[t])]) if tokens[t] in ids else math.nan)
+    return out
 
 
 def prepare(groups: list[ScoredGroup], scale_rewards: bool, dynamic_sampling: bool, max_len: int) -> Prepared:
@@ -141,6 +156,8 @@ class MicroBatch:
     advantages: torch.Tensor  # [S, T] float32
     inv_temperature: torch.Tensor | None  # [n] float32, 1 / sampling temperature; None when all are 1
     inference_logp: torch.Tensor | None  # [S, T] float32, or None if any sample lacks them
+    teacher_logp: torch.Tensor | None = None  # [S, T] float32 (0 where unknown), None if any sample lacks them
+    teacher_mask: torch.Tensor | None = None  # [S, T] float32, 1.0 where the teacher scored the target token
     position_ids: torch.Tensor | None = None  # [R, L] int64, packed rows only
     padded: bool = True  # False when every row is full width: attention needs no mask then
 
@@ -169,6 +186,8 @@ def _collate(rows: list[list[Sample]]) -> MicroBatch:
     loss_mask, adv = torch.zeros(b, span), torch.zeros(b, span)
     have_inf = all(s.inference_logprobs is not None for s in samples)
     inf = torch.zeros(b, span) if have_inf else None
+    have_teacher = all(s.teacher_logprobs is not None for s in samples)
+    teacher = torch.full((b, span), math.nan) if have_teacher else None
     select, place, temps = [], [], []
     k = 0
     for row_index, row in enumerate(rows):
@@ -185,6 +204,8 @@ def _collate(rows: list[list[Sample]]) -> MicroBatch:
             adv[k, :n] = torch.tensor(s.advantages, dtype=torch.float32)
             if inf is not None:
                 inf[k, :n] = torch.tensor(s.inference_logprobs, dtype=torch.float32)
+            if teacher is not None:
+                teacher[k, :n] = torch.tensor(s.teacher_logprobs, dtype=torch.float32)
             where = trained.nonzero().squeeze(1)
             select.append(row_index * width + offset + where)
             place.append(k * span + where)
@@ -203,6 +224,8 @@ def _collate(rows: list[list[Sample]]) -> MicroBatch:
         advantages=adv,
         inv_temperature=None if unit else torch.cat(temps),
         inference_logp=inf,
+        teacher_logp=torch.nan_to_num(teacher, nan=0.0) if teacher is not None else None,
+        teacher_mask=(~torch.isnan(teacher)).float() if teacher is not None else None,
         position_ids=positions if packed else None,
         padded=bool((attention == 0).any()),
     )

@@ -36,7 +36,7 @@ from .attention import compile_body
 from .batching import micro_batches, prepare
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from .logprobs import DEFAULT_CHUNK, flat_token_logprobs
-from .losses import LOSS_NAMES, LossConfig, LossStats, Normaliser, loss_config, policy_loss
+from .losses import LOSS_NAMES, LossConfig, LossStats, Normaliser, distill_loss, loss_config, policy_loss
 from .precision import Dtype, Precision
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "use_packing"]
@@ -53,6 +53,7 @@ class GRPOConfig(BaseModel):
     clip_low: float | None = None  # None: the preset's value
     clip_high: float | None = None
     kl_beta: float | None = None
+    distill_beta: float = Field(0.0, ge=0)  # on-policy distillation weight (losses.distill_loss)
     kl_estimator: Literal["k1", "k3"] | None = None
     is_mode: Literal["none", "truncate", "mask"] | None = None
     is_max: float | None = None
@@ -264,6 +265,11 @@ class GRPOTrainer:
                 ref_logp=ref,
                 stats=stats,
             )
+            if cfg.distill_beta > 0 and mb.teacher_logp is not None:
+                covered = mb.teacher_mask * mb.loss_mask
+                loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
+                stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
+                stats.add("distill_tokens", covered.sum())
             loss.backward()
             self.precision.after_backward()
             total_loss += loss.detach()
@@ -352,6 +358,8 @@ def _loss_metrics(sums: dict[str, float], norm: Normaliser) -> dict[str, Any]:
         out["logprob_gap_abs"] = sums["logprob_gap_abs_sum"] / tokens
     if "kl_sum" in sums:
         out["kl"] = sums["kl_sum"] / tokens
+    if sums.get("distill_tokens"):
+        out["distill_kl"] = sums["distill_kl_sum"] / sums["distill_tokens"]
     if "is_rejected_tokens" in sums:
         out["is_rejected_fraction"] = sums["is_rejected_tokens"] / tokens
     return out

@@ -29,7 +29,16 @@ from typing import Literal
 
 import torch
 
-__all__ = ["LossConfig", "PRESETS", "LOSS_NAMES", "loss_config", "Normaliser", "policy_loss", "LossStats"]
+__all__ = [
+    "LossConfig",
+    "PRESETS",
+    "LOSS_NAMES",
+    "loss_config",
+    "Normaliser",
+    "policy_loss",
+    "LossStats",
+    "distill_loss",
+]
 
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 Level = Literal["token", "sequence"]
@@ -193,3 +202,23 @@ def _record(stats, ratio, advantages, mask, cfg, logp, inference_logp) -> None:
         gap = (logp - inference_logp) * mask
         stats.add("logprob_gap_sum", gap.sum())
         stats.add("logprob_gap_abs_sum", gap.abs().sum())
+
+
+def distill_loss(logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Tensor, norm: Normaliser) -> torch.Tensor:
+    """On-policy distillation: the reverse KL to the teacher, estimated on the sampled tokens.
+
+    For a student π_θ that sampled y_t and a teacher π_T that scored it (its top-k prompt logprobs of the
+    rollout, `distill_token_ids` / `distill_logprobs`), the per-token reverse KL estimate is
+    k_t = log π_θ(y_t) − log π_T(y_t), and
+
+        L_distill = Σ_t m_t · sg(k_t) · log π_θ(y_t) / N_tokens
+
+    whose gradient Σ_t m_t · k_t · ∇log π_θ(y_t) / N is the score-function gradient of KL(π_θ ‖ π_T) per
+    token (each token's own KL as its negative advantage, no credit to later tokens). `m_t` is 1 on trained
+    positions where the teacher's top-k holds the sampled token (elsewhere the teacher gave no logprob);
+    `N_tokens` is the step's trained-token count, so micro-batch shares sum to the step loss. `atropos train
+    --distill-beta B` adds B · L_distill to the policy loss. The value itself is reported as mean k_t.
+    """
+    mask = mask.to(logp.dtype)
+    reverse_kl = (logp.detach() - teacher_logp) * mask
+    return (reverse_kl * logp).sum() / max(norm.num_tokens, 1)

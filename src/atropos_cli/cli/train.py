@@ -107,6 +107,14 @@ def train_command(
     max_len: Annotated[int, typer.Option(min=2, help="Longer rollouts are truncated (and counted).")] = 2048,
     kl_beta: Annotated[float | None, typer.Option(help="KL-to-reference weight β (0 = no reference).")] = None,
     kl_estimator: Annotated[str | None, typer.Option(help="KL estimator: k1 or k3.")] = None,
+    distill_beta: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="On-policy distillation weight B: adds B x the reverse KL to the teacher on sampled tokens "
+            "(groups with distill_token_ids/distill_logprobs, e.g. from a TeacherDistillationEnv).",
+        ),
+    ] = 0.0,
     is_correction: Annotated[
         str | None, typer.Option(help="Train/inference IS correction: none, truncate, mask.")
     ] = None,
@@ -185,6 +193,7 @@ def train_command(
             micro_batch_tokens=micro_batch_tokens,
             max_len=max_len,
             kl_beta=kl_beta,
+            distill_beta=distill_beta,
             kl_estimator=kl_estimator,
             is_mode=is_correction,
             is_max=is_max,
