@@ -30,7 +30,7 @@ __all__ = [
     "validate_model",
 ]
 
-NAMESPACES = ("env", "openai")
+NAMESPACES = ("env", "openai", "teacher")  # teacher: the distillation teacher's server (TeacherDistillationEnv)
 SERVER_TYPES = ("openai", "vllm", "sglang", "trl", "local")
 
 
@@ -106,6 +106,7 @@ class RunConfig(BaseModel):
     env_name: str
     env: dict[str, Any]
     openai: list[ServerConfig]
+    teacher: list[ServerConfig] = Field(default_factory=list)
 
     def to_yaml(self) -> str:
         data = self.model_dump(mode="json")
@@ -142,7 +143,7 @@ def parse_dotted_flags(args: Sequence[str]) -> dict[str, dict[str, Any]]:
         if not dot or namespace not in NAMESPACES or not field:
             raise ConfigError(
                 f"unknown option '--{key}'",
-                hint="dotted options start with --env. or --openai. (for example --env.group_size 8)",
+                hint="dotted options start with --env., --openai. or --teacher. (for example --env.group_size 8)",
             )
         parsed[namespace][field.replace("-", "_")] = _coerce_scalar(value)
     return parsed

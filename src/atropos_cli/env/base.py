@@ -113,10 +113,20 @@ class BaseEnv:
         return list(servers)
 
     @classmethod
-    def build(cls, config: EnvConfig, servers: list[ServerConfig]) -> BaseEnv:
+    def teacher_defaults(cls) -> list[ServerConfig]:
+        """The distillation teacher's servers an env declares (none here; TeacherDistillationEnv has them)."""
+        return []
+
+    @classmethod
+    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: list[ServerConfig] = ()) -> BaseEnv:
         """The env over a router of `servers` (what `atropos process|serve|evaluate|train` run)."""
         from atropos_cli.inference.router import ServerManager
 
+        if teacher:
+            raise ConfigError(
+                f"env {cls.name!r} takes no teacher server (--teacher.* / YAML teacher:)",
+                hint="only a TeacherDistillationEnv uses a teacher",
+            )
         return cls(config, ServerManager(servers))
 
     async def after_group(self, result: Any, item: Item) -> Any:

@@ -82,8 +82,24 @@ def resolve_run_config(
         cli_openai,
     )
     servers = _default_to_local(servers)
-    run_config = RunConfig(env_name=env_spec, env=env_config.model_dump(mode="json"), openai=servers)
+    teacher = _teacher_servers(env_cls, yaml_data, {**overrides.get("teacher", {}), **cli["teacher"]})
+    env_json = env_config.model_dump(mode="json")
+    run_config = RunConfig(env_name=env_spec, env=env_json, openai=servers, teacher=teacher)
     return env_cls, run_config, env_config
+
+
+def _teacher_servers(env_cls: type[BaseEnv], yaml_data: Any, cli_teacher: dict[str, Any]) -> list[ServerConfig]:
+    """The teacher's servers (distillation envs): the env's defaults < YAML `teacher:` < `--teacher.*` flags."""
+    from atropos_cli.config import validate_model
+
+    defaults = [s.model_dump() for s in env_cls.teacher_defaults()]
+    from_yaml = (yaml_data or {}).get("teacher") or []
+    from_yaml = [from_yaml] if isinstance(from_yaml, dict) else list(from_yaml)
+    if not (defaults or from_yaml or cli_teacher):
+        return []
+    base = defaults or [ServerConfig().model_dump()]
+    merged = [{**base[min(i, len(base) - 1)], **entry} for i, entry in enumerate(from_yaml)] or base
+    return [validate_model(ServerConfig, {**m, **cli_teacher}, "teacher") for m in merged]
 
 
 def load_env(
@@ -102,5 +118,5 @@ def load_env(
     check = getattr(env_cls, "check_config", None)  # envs that are not ours may lack it
     if check is not None:
         check(env_config)
-    env = env_cls.build(env_config, run_config.openai)
+    env = env_cls.build(env_config, run_config.openai, run_config.teacher)
     return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)

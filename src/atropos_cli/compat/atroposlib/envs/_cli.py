@@ -24,6 +24,7 @@ from atropos_cli.errors import AtroposError
 __all__ = ["run_cli", "free_groups_path"]
 
 MODES = ("serve", "process", "evaluate")
+NAMESPACES = ("env.", "openai.", "teacher.")
 MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url", "config")
 
 
@@ -53,10 +54,10 @@ def _parse(cls: type, argv: list[str]) -> tuple[str, list[str], str | None, dict
     if "help" in flags:
         sys.stdout.write(_usage(cls) + "\n")
         raise SystemExit(0)
-    unknown = [k for k in flags if not k.startswith(("env.", "openai.")) and k not in MANAGER_FLAGS]
+    unknown = [k for k in flags if not k.startswith(NAMESPACES) and k not in MANAGER_FLAGS]
     if unknown:
         raise SystemExit(f"error: unknown flag --{unknown[0]}\n{_usage(cls)}")
-    dotted = [part for k, v in flags.items() if k.startswith(("env.", "openai.")) for part in (f"--{k}", str(v))]
+    dotted = [part for k, v in flags.items() if k.startswith(NAMESPACES) for part in (f"--{k}", str(v))]
     manager = {k: flags[k] for k in ("slurm", "testing") if k in flags}
     return argv[0], dotted, flags.get("config"), manager
 

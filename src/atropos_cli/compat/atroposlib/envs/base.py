@@ -11,6 +11,7 @@ serve, posts it to the trajectory API.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from typing import Any, ClassVar
 
@@ -30,6 +31,7 @@ from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
 from atropos_cli.compat.atroposlib.type_definitions import Item
 from atropos_cli.config import EnvConfig, ServerConfig
 from atropos_cli.env.base import BaseEnv as _OurBaseEnv
+from atropos_cli.errors import ConfigError
 
 __all__ = [
     "BaseEnv",
@@ -46,6 +48,8 @@ __all__ = [
 ]
 
 logger = logging.getLogger("atropos_cli.compat.atroposlib")
+# the groups handle_send_to_api accepted for the group being finished in this task (see after_group)
+_accepted: contextvars.ContextVar[list | None] = contextvars.ContextVar("atroposlib_accepted", default=None)
 # atroposlib's own defaults where ours differ (ours: no hub tokenizer by default, no W&B, keep messages)
 PROCESS_DEFAULTS = {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True}
 
@@ -113,7 +117,6 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
         self.checkpoint_interval = -1
         self.jsonl_writer = None
         self.process_mode = False
-        self._accepted: list = []
 
     # -- the tokenizer is loaded eagerly, as in atroposlib, and env code may replace it -------------------
     @property
@@ -145,16 +148,28 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
         ]
 
     @classmethod
-    def build(cls, config: EnvConfig, servers: list[ServerConfig]) -> BaseEnv:
+    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: list[ServerConfig] = ()) -> BaseEnv:
+        if teacher:
+            raise ConfigError(
+                f"{cls.__name__} takes no teacher server (--teacher.* / YAML teacher:)",
+                hint="subclass atroposlib.envs.teacher_distillation_env.TeacherDistillationEnv to distill",
+            )
         return cls(config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers])
 
     # -- atroposlib's hooks ---------------------------------------------------------------------------
     async def after_group(self, result: Any, item: Item) -> Any:
-        self._accepted = []
-        if result:
-            await self.handle_send_to_api(result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False)
-            await self.wandb_log()
-        return list(self._accepted)
+        """atroposlib's process step after postprocess_histories: handle_send_to_api, then wandb_log; the
+        groups it accepted (collected per task: groups of other items may be in flight) go to the runner."""
+        token = _accepted.set([])
+        try:
+            if result:
+                await self.handle_send_to_api(
+                    result, item, do_send_to_api=False, abort_on_any_max_length_exceeded=False
+                )
+                await self.wandb_log()
+            return list(_accepted.get() or [])
+        finally:
+            _accepted.reset(token)
 
     async def handle_send_to_api(
         self,
@@ -172,7 +187,9 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
             if group is not None and check_group(self, group, abort_on_any_max_length_exceeded):
                 await self.add_rollouts_for_wandb(group, item)
                 valid.append(group)
-        self._accepted.extend(valid)
+        sink = _accepted.get()
+        if sink is not None:
+            sink.extend(valid)
         if valid and do_send_to_api:
             self.items_sent_this_step += len(valid)
             await post_groups(self, valid if was_list or len(valid) > 1 else valid[0])
