@@ -116,7 +116,7 @@ def test_groups_without_messages_or_meta_still_render(tmp_path: Path) -> None:
     bare = ScoredGroup(tokens=[[1, 2]], masks=[[-100, 2]], scores=[-1.0])
     out = render_html(sourced([bare], "a.jsonl"), tmp_path / "v.html", title="t")
     card = data_block(out.read_text(encoding="utf-8"))["groups"][0]
-    assert card == {"s": 0, "i": 0, "mean": -1.0, "r": [{"sc": -1.0, "nt": 1}]}
+    assert card == {"s": 0, "i": 0, "mean": -1.0, "r": [{"sc": -1.0, "m": [["token ids", "1 2"]], "nt": 1}]}
 
 
 def test_an_empty_run_renders_a_page(tmp_path: Path) -> None:
@@ -237,3 +237,21 @@ def test_page_script_renders_pages_filters_and_keys_under_node(tmp_path: Path) -
     assert out["filtered"] == 1 and out["filteredCount"] == "showing 1–1 of 1 groups (filtered from 250)"
     assert out["minFiltered"] == 1  # only group 170 has a mean score >= 0.9
     assert out["prevented"] == 6
+
+
+def test_token_only_groups_are_decoded_with_the_runs_tokenizer(tmp_path: Path) -> None:
+    """A ported env's group has tokens and masks but no messages: the page shows the decoded prompt and
+    completion, read with the tokenizer the run's config.yaml names."""
+    from atropos_cli.formats.html import run_decoder
+    from atropos_cli.resources import resolve_model_path
+
+    config = tmp_path / "config.yaml"
+    config.write_text(f"env:\n  tokenizer_name: {resolve_model_path('atropos-tiny-arith')}\nopenai: []\n")
+    tokens = [3, 265, 264, 225, 22, 267, 225, 23, 35, 1, 4, 25, 1]  # <|user|>What is 2 + 3?<|end|><|assistant|>5<|end|>
+    group = ScoredGroup(tokens=[tokens], masks=[[-100] * 11 + [25, 1]], scores=[1.0])
+    out = render_html(sourced([group], "a.jsonl"), tmp_path / "v.html", title="t", decode=run_decoder(config))
+    rows = data_block(out.read_text(encoding="utf-8"))["groups"][0]["r"][0]["m"]
+    assert rows == [
+        ["prompt (decoded tokens)", "<|user|>What is 2 + 3?<|end|><|assistant|>"],
+        ["completion (decoded tokens)", "5<|end|>"],
+    ]

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
@@ -82,8 +82,21 @@ def render_view(inputs: list[str], out: Path | None, title: str | None = None) -
             yield sourced
 
     failures = count_failures(files)
-    render_html(counted(), out_path, title=title or default_title(inputs, files), failures=failures, bad_records=bad)
+    title = title or default_title(inputs, files)
+    decode = _decoder(files)
+    render_html(counted(), out_path, title=title, failures=failures, bad_records=bad, decode=decode)
     return ViewResult(out_path, counts[0], counts[1], failures, bad)
+
+
+def _decoder(files: list[Path]) -> Any:
+    """The tokenizer of the first run among `files` (its config.yaml), to show token-only groups as text."""
+    from atropos_cli.formats.html import run_decoder
+
+    for f in files:
+        for config in (f.parent / "config.yaml", Path(f"{f.with_suffix('')}.config.yaml")):
+            if config.is_file():
+                return run_decoder(config)
+    return None
 
 
 def _plural(n: int, word: str) -> str:

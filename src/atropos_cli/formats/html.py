@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,9 @@ from atropos_cli.formats.reader import BadRecord, SourcedGroup
 from atropos_cli.formats.text import content_text
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["render_html", "PAGE_SIZE", "source_label", "embed_json"]
+__all__ = ["render_html", "PAGE_SIZE", "source_label", "embed_json", "run_decoder", "Decoder"]
+
+Decoder = Callable[[list[int]], "str | None"]
 
 PAGE_SIZE = 100
 HISTOGRAM_BINS = 20
@@ -61,6 +63,36 @@ def _message_row(message: dict[str, Any]) -> list[Any]:
     return row
 
 
+def run_decoder(config_path: Path) -> Decoder | None:
+    """The tokenizer of a run (its config.yaml: env.tokenizer_name, else a local server's model) as a
+    decoder; None when the run names none or it cannot be loaded (the page then shows token ids)."""
+    import yaml
+
+    from atropos_cli.errors import AtroposError
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    try:
+        config = yaml.safe_load(Path(config_path).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return None
+    names = [(config.get("env") or {}).get("tokenizer_name")]
+    names += [s.get("tokenizer_name") for s in config.get("openai") or []]
+    names += [s.get("model_name") for s in config.get("openai") or [] if s.get("server_type") == "local"]
+    names = [n for n in names if n and n != "none"]
+    loaded: list[Any] = []
+
+    def decode(ids: list[int]) -> str | None:
+        """Loads the tokenizer on first use (pages whose groups all have messages never need it)."""
+        while not loaded and names:
+            try:
+                loaded.append(load_tokenizer(names.pop(0)))
+            except AtroposError:
+                continue
+        return loaded[0].decode(ids) if loaded else None
+
+    return decode if names else None
+
+
 def _common_prefix(chats: list[list[dict[str, Any]]]) -> int:
     """How many leading messages every rollout shares (the prompt, shown once per group)."""
     shortest = min(len(chat) for chat in chats)
@@ -80,10 +112,26 @@ def _completion_tokens(group: ScoredGroup, j: int) -> int | None:
     return None
 
 
-def _rollout(group: ScoredGroup, j: int, skip: int) -> dict[str, Any]:
+def _token_rows(group: ScoredGroup, j: int, decode: Decoder | None) -> list[list[Any]] | None:
+    """A rollout with tokens but no messages (a ported env's group): its decoded text, prompt and completion
+    apart (masks tell them), or its token ids when there is no tokenizer."""
+    if not group.tokens or j >= len(group.tokens):
+        return None
+    tokens, masks = group.tokens[j], group.masks[j] if group.masks else []
+    start = next((i for i, m in enumerate(masks) if m != -100), len(tokens))
+    completion = decode(tokens[start:]) if decode is not None else None
+    if completion is None:
+        return [["token ids", " ".join(map(str, tokens))]]
+    rows = [["prompt (decoded tokens)", decode(tokens[:start])]] if start and decode else []
+    return rows + [["completion (decoded tokens)", completion]]
+
+
+def _rollout(group: ScoredGroup, j: int, skip: int, decode: Decoder | None = None) -> dict[str, Any]:
     out: dict[str, Any] = {"sc": group.scores[j]}
     if group.messages is not None:
         out["m"] = [_message_row(m) for m in group.messages[j][skip:]]
+    elif (rows := _token_rows(group, j, decode)) is not None:
+        out["m"] = rows
     rollouts = group.meta.rollouts if group.meta is not None else None
     if rollouts is not None:
         if rollouts[j].finish_reason is not None:
@@ -96,7 +144,7 @@ def _rollout(group: ScoredGroup, j: int, skip: int) -> dict[str, Any]:
     return out
 
 
-def group_payload(sourced: SourcedGroup, source_index: int) -> dict[str, Any]:
+def group_payload(sourced: SourcedGroup, source_index: int, decode: Decoder | None = None) -> dict[str, Any]:
     """The compact dict the page's script renders one card from."""
     group = sourced.group
     skip = _common_prefix(group.messages) if group.messages else 0
@@ -110,7 +158,7 @@ def group_payload(sourced: SourcedGroup, source_index: int) -> dict[str, Any]:
                 out[key] = value
         if meta.failed_rollouts:
             out["failed"] = meta.failed_rollouts
-    out["r"] = [_rollout(group, j, skip) for j in range(group.size)]
+    out["r"] = [_rollout(group, j, skip, decode) for j in range(group.size)]
     return out
 
 
@@ -163,20 +211,22 @@ def render_html(
     title: str,
     failures: int = 0,
     bad_records: Sequence[BadRecord] = (),
+    decode: Decoder | None = None,
 ) -> Path:
     """Write the viewer for `groups` to `out_path` (parent dirs created) and return the path.
 
     `failures` is the run's failed-rollout count (failures.jsonl) and `bad_records` the lines skipped while
     reading; both are shown in the header. `bad_records` is read after `groups` is consumed, so the list an
     `iter_groups(..., on_bad=bad.append)` fills while this function reads can be passed as is. The page
-    lists PAGE_SIZE groups at a time.
+    lists PAGE_SIZE groups at a time. `decode` (token ids -> text, e.g. `run_decoder(config.yaml)`) shows the
+    rollouts that have tokens but no messages; without it they show their token ids.
     """
     sources: dict[str, int] = {}
     payload: list[dict[str, Any]] = []
     scores: list[float] = []
     for sourced in groups:
         index = sources.setdefault(sourced.source, len(sources))
-        payload.append(group_payload(sourced, index))
+        payload.append(group_payload(sourced, index, decode))
         scores.extend(sourced.group.scores)
     labels = [source_label(s) for s in sources]
     data = {

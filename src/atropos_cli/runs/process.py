@@ -242,7 +242,7 @@ def _install_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
 
 def finish_outputs(paths: RunPaths) -> None:
     """Rewrite groups.parquet and index.html from groups.jsonl (the durable record)."""
-    from atropos_cli.formats.html import render_html
+    from atropos_cli.formats.html import render_html, run_decoder
     from atropos_cli.formats.parquet import write_parquet
     from atropos_cli.formats.reader import iter_groups
 
@@ -251,4 +251,6 @@ def finish_outputs(paths: RunPaths) -> None:
     groups = list(iter_groups([paths.groups]))  # read (and validate) once, feed both writers
     write_parquet((s.group for s in groups), paths.parquet)
     failures = sum(1 for _ in paths.failures.open()) if paths.failures.exists() else 0
-    render_html(groups, paths.html, title=f"atropos run: {paths.root}", failures=failures)
+    token_only = any(s.group.messages is None and s.group.tokens for s in groups)
+    decode = run_decoder(paths.config) if token_only else None
+    render_html(groups, paths.html, title=f"atropos run: {paths.root}", failures=failures, decode=decode)
