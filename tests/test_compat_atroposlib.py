@@ -248,3 +248,60 @@ async def _wandb_log_without_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     await env.wandb_log({"train/custom": 1.0})
     assert env.last_wandb_metrics["train/rollouts"].data == [["text", 1.0]]
     assert env.last_wandb_metrics["train/completion_lengths"] == 4.0
+
+
+def test_eval_base_runs_items_and_writes_the_metrics_layout(fake_server, tmp_path: Path) -> None:
+    from atropos_cli.compat.atroposlib.envs.eval import EvalBase, pass_at_k
+
+    class Sums(EvalBase):
+        def setup_data(self):
+            return [(2, 3), (4, 4)]
+
+        async def run_item(self, server, item):
+            out = await self.chat_completion(server, [{"role": "user", "content": f"What is {item[0]} + {item[1]}?"}])
+            right = out.choices[0].message.content == str(sum(item))
+            return {"accuracy": float(right)}, {"item": list(item), "right": right}
+
+    srv = fake_server(rule="arithmetic", accuracy=1.0)
+    manager = ServerManager([APIServerConfig(base_url=srv.base_url, model_name="fake-model", api_key="x")])
+    metrics = asyncio.run(Sums(eval_dir=str(tmp_path), max_tokens=8)(manager))
+    assert metrics == {"accuracy": 1.0}
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written["results"]["atropos|Sums@1|0"] == metrics and written["config_general"]["model_name"] == "fake-model"
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25) and pass_at_k(4, 4, 2) == 1.0
+
+
+SURFACE = {
+    "atroposlib.envs.base": "BaseEnv BaseEnvConfig ScoredDataGroup ScoredDataItem EvalHandlingEnum APIServerConfig "
+    "ServerBaseline ServerManager Item",
+    "atroposlib.envs.server_handling.server_manager": "ServerManager ServerManagerConfig APIServerConfig "
+    "ServerBaseline",
+    "atroposlib.envs.server_handling.server_baseline": "ServerBaseline APIServerConfig APIServer ReasoningConfig",
+    "atroposlib.envs.server_handling.openai_server": "OpenAIServer resolve_openai_configs",
+    "atroposlib.envs.server_handling.vllm_server": "VLLMServer",
+    "atroposlib.envs.server_handling.managed_server": "ManagedServer SequenceNode DummyManagedServer",
+    "atroposlib.envs.eval": "EvalBase pass_at_k evaluate_log",
+    "atroposlib.envs.teacher_distillation_env": "TeacherDistillationEnv TeacherDistillationConfig",
+    "atroposlib.envs.constants": "ENV_NAMESPACE OPENAI_NAMESPACE NAMESPACE_SEP",
+    "atroposlib.type_definitions": "Item Message number UUID AgentStep AgentHistory GameStep GameHistory",
+    "atroposlib.utils.tokenize_for_trainer": "tokenize_for_trainer",
+    "atroposlib.utils.tool_call_parser": "parse_tool_call extract_tool_call",
+    "atroposlib.utils.advantages": "compute_grpo_process_supervision_advantages compute_discounted_returns "
+    "compute_stats allclose_to_first",
+    "atroposlib.utils.message_history_utils": "strip_thinking truncate_thinking ensure_trajectory_token_limit",
+    "atroposlib.utils.best_of_n_selection": "select_best_index",
+    "atroposlib.utils.cli": "get_double_dash_flags merge_dicts extract_namespace",
+    "atroposlib.frontend.jsonl2html": "generate_html",
+}
+
+
+@pytest.mark.parametrize("module", sorted(SURFACE))
+def test_the_atroposlib_module_paths_envs_import_exist(module: str) -> None:
+    import importlib
+
+    from atropos_cli.env.aliases import install_aliases
+
+    install_aliases()
+    loaded = importlib.import_module(module)
+    assert loaded is importlib.import_module(module.replace("atroposlib", "atropos_cli.compat.atroposlib", 1))
+    assert [name for name in SURFACE[module].split() if not hasattr(loaded, name)] == []

@@ -15,7 +15,28 @@ from atropos_cli.compat.atroposlib.utils.metrics import get_std_min_max_avg
 
 logger = logging.getLogger("atropos_cli.compat.atroposlib")
 
-__all__ = ["WandbHooks"]
+__all__ = ["WandbHooks", "write_eval_files"]
+
+
+def write_eval_files(
+    folder: str, metrics: dict, task: str, model: str | None, seconds: float, params: dict, samples: list | None
+) -> None:
+    """metrics.json in lighteval's layout (`config_general`, `results["atropos|<task>|0"]` and `"all"`) and,
+    given samples, samples.jsonl."""
+    os.makedirs(folder, exist_ok=True)
+    result = {
+        "config_general": {
+            "model_name": model,
+            "total_evaluation_time_seconds": str(seconds),
+            "generation_parameters": params,
+        },
+        "results": {f"atropos|{task}|0": metrics, "all": metrics},
+    }
+    with open(os.path.join(folder, "metrics.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    if samples:
+        with open(os.path.join(folder, "samples.jsonl"), "w") as f:
+            f.writelines(json.dumps(sample) + "\n" for sample in samples)
 
 
 class WandbHooks:
@@ -94,25 +115,12 @@ class WandbHooks:
         if folder is None:
             logger.warning("data_dir_to_save_evals is not set, skipping evaluation logging")
             return
-        os.makedirs(folder, exist_ok=True)
         task = task_name or f"{self.name or type(self).__name__}_eval"
         model = model_name or getattr(self.config, "model_name", None) or self._first_model_name()
         start = time.time() if start_time is None else start_time
         end = time.time() if end_time is None else end_time
         params = {"max_new_tokens": self.config.max_token_length, **(generation_parameters or {})}
-        result = {
-            "config_general": {
-                "model_name": model,
-                "total_evaluation_time_seconds": str(end - start),
-                "generation_parameters": params,
-            },
-            "results": {f"atropos|{task}|0": metrics, "all": metrics},
-        }
-        with open(os.path.join(folder, "metrics.json"), "w") as f:
-            json.dump(result, f, indent=2)
-        if samples:
-            with open(os.path.join(folder, "samples.jsonl"), "w") as f:
-                f.writelines(json.dumps(sample) + "\n" for sample in samples)
+        write_eval_files(folder, metrics, task, model, end - start, params, samples)
         if verbose:
             logger.info("%s: %s", task, json.dumps(metrics))
 
