@@ -265,7 +265,7 @@ class GRPOTrainer:
                 ref_logp=ref,
                 stats=stats,
             )
-            if cfg.distill_beta > 0 and mb.teacher_logp is not None:
+            if cfg.distill_beta > 0 and mb.teacher_logp is not None and mb.teacher_mask is not None:
                 covered = mb.teacher_mask * mb.loss_mask
                 loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
                 stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())

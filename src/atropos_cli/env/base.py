@@ -19,7 +19,7 @@ import json
 import random
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -118,7 +118,7 @@ class BaseEnv:
         return []
 
     @classmethod
-    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: list[ServerConfig] = ()) -> BaseEnv:
+    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: Sequence[ServerConfig] = ()) -> BaseEnv:
         """The env over a router of `servers` (what `atropos process|serve|evaluate|train` run)."""
         from atropos_cli.inference.router import ServerManager
 

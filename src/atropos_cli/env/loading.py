@@ -8,7 +8,7 @@ the shipped model, so the whole loop works offline.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from atropos_cli.config import EnvConfig, RunConfig, ServerConfig, load_yaml, parse_dotted_flags, resolve_config
 from atropos_cli.env.base import BaseEnv
@@ -99,7 +99,7 @@ def _teacher_servers(env_cls: type[BaseEnv], yaml_data: Any, cli_teacher: dict[s
         return []
     base = defaults or [ServerConfig().model_dump()]
     merged = [{**base[min(i, len(base) - 1)], **entry} for i, entry in enumerate(from_yaml)] or base
-    return [validate_model(ServerConfig, {**m, **cli_teacher}, "teacher") for m in merged]
+    return [cast(ServerConfig, validate_model(ServerConfig, {**m, **cli_teacher}, "teacher")) for m in merged]
 
 
 def load_env(

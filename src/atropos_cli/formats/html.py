@@ -75,10 +75,10 @@ def run_decoder(config_path: Path) -> Decoder | None:
         config = yaml.safe_load(Path(config_path).read_text()) or {}
     except (OSError, yaml.YAMLError):
         return None
-    names = [(config.get("env") or {}).get("tokenizer_name")]
-    names += [s.get("tokenizer_name") for s in config.get("openai") or []]
-    names += [s.get("model_name") for s in config.get("openai") or [] if s.get("server_type") == "local"]
-    names = [n for n in names if n and n != "none"]
+    servers = config.get("openai") or []
+    found = [(config.get("env") or {}).get("tokenizer_name"), *(s.get("tokenizer_name") for s in servers)]
+    found += [s.get("model_name") for s in servers if s.get("server_type") == "local"]
+    names: list[str] = [n for n in found if isinstance(n, str) and n and n != "none"]
     loaded: list[Any] = []
 
     def decode(ids: list[int]) -> str | None:

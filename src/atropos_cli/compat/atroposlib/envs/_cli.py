@@ -28,7 +28,7 @@ NAMESPACES = ("env.", "openai.", "teacher.")
 MANAGER_FLAGS = ("slurm", "testing", "max_n_completions", "proxy_url", "config")
 
 
-def _usage(cls: type) -> str:
+def _usage(cls: type[Any]) -> str:
     config, _ = cls.config_init()
     env_flags = " ".join(f"--env.{name}" for name in type(config).model_fields)
     return (
@@ -47,7 +47,7 @@ def free_groups_path(path: Path) -> Path:
     return candidate
 
 
-def _parse(cls: type, argv: list[str]) -> tuple[str, list[str], str | None, dict[str, Any]]:
+def _parse(cls: type[Any], argv: list[str]) -> tuple[str, list[str], str | None, dict[str, Any]]:
     if not argv or argv[0] not in MODES:
         raise SystemExit(_usage(cls))
     flags = get_double_dash_flags(argv[1:])
@@ -58,11 +58,11 @@ def _parse(cls: type, argv: list[str]) -> tuple[str, list[str], str | None, dict
     if unknown:
         raise SystemExit(f"error: unknown flag --{unknown[0]}\n{_usage(cls)}")
     dotted = [part for k, v in flags.items() if k.startswith(NAMESPACES) for part in (f"--{k}", str(v))]
-    manager = {k: flags[k] for k in ("slurm", "testing") if k in flags}
+    manager: dict[str, Any] = {k: flags[k] for k in ("slurm", "testing") if k in flags}
     return argv[0], dotted, flags.get("config"), manager
 
 
-def _load(cls: type, mode: str, dotted: list[str], config: str | None) -> Any:
+def _load(cls: type[Any], mode: str, dotted: list[str], config: str | None) -> Any:
     from atropos_cli.env.loading import load_env
 
     script = getattr(sys.modules.get(cls.__module__), "__file__", None) or cls.__name__
@@ -72,7 +72,7 @@ def _load(cls: type, mode: str, dotted: list[str], config: str | None) -> Any:
     return load_env(str(script), dotted, config, overrides, mode=mode, env_cls=cls)
 
 
-async def _process(cls: type, loaded: Any) -> Any:
+async def _process(cls: type[Any], loaded: Any) -> Any:
     from atropos_cli.runs.process import RunPaths, prepare_output, run_process
 
     config = loaded.env_config
@@ -103,7 +103,7 @@ async def _serve(loaded: Any) -> Any:
     return await serve_env(loaded, options)
 
 
-def run_cli(cls: type, argv: list[str] | None = None) -> None:
+def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
     mode, dotted, config, _manager = _parse(cls, sys.argv[1:] if argv is None else argv)
     try:
         loaded = _load(cls, mode, dotted, config)

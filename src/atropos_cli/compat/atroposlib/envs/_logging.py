@@ -40,10 +40,21 @@ def write_eval_files(
 
 
 class WandbHooks:
+    """Needs the attributes BaseEnv sets in its constructor (declared here for the type checker)."""
+
     config: Any
     tokenizer: Any
     server: Any
-    name: str | None
+    max_token_len: int
+    curr_step: int
+    wandb_prepend: str | None
+    rollouts_for_wandb: list[Any]
+    completion_lengths: list[int]
+    task_duration: list[float]
+    succeeded_task_duration: list[float]
+    failed_task_duration: list[float]
+    mainloop_timings: list[float]
+    last_wandb_metrics: dict[str, Any]
 
     async def add_rollouts_for_wandb(self, scored_data: Any, item: Any = None) -> None:
         keep = self.config.num_rollouts_per_group_for_logging
@@ -115,7 +126,7 @@ class WandbHooks:
         if folder is None:
             logger.warning("data_dir_to_save_evals is not set, skipping evaluation logging")
             return
-        task = task_name or f"{self.name or type(self).__name__}_eval"
+        task = task_name or f"{getattr(self, 'name', None) or type(self).__name__}_eval"
         model = model_name or getattr(self.config, "model_name", None) or self._first_model_name()
         start = time.time() if start_time is None else start_time
         end = time.time() if end_time is None else end_time

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field
@@ -59,7 +60,9 @@ class BaseEnvConfig(EnvConfig):
 
     model_config = ConfigDict(extra="ignore", use_enum_values=False)
 
-    eval_handling: EvalHandlingEnum = Field(default=EvalHandlingEnum.STOP_TRAIN, description="How to handle evals")
+    eval_handling: EvalHandlingEnum = Field(  # type: ignore[assignment]  # an enum where ours has its names
+        default=EvalHandlingEnum.STOP_TRAIN, description="How to handle evals"
+    )
     tokenizer_name: str = Field(
         default="NousResearch/DeepHermes-3-Llama-3-3B-Preview", description="Hugging Face tokenizer to use."
     )
@@ -148,7 +151,7 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
         ]
 
     @classmethod
-    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: list[ServerConfig] = ()) -> BaseEnv:
+    def build(cls, config: EnvConfig, servers: list[ServerConfig], teacher: Sequence[ServerConfig] = ()) -> BaseEnv:
         if teacher:
             raise ConfigError(
                 f"{cls.__name__} takes no teacher server (--teacher.* / YAML teacher:)",

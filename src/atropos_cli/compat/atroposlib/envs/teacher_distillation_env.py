@@ -12,6 +12,7 @@ teacher too. The teacher must share the env's tokenizer: a different vocabulary 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
@@ -68,7 +69,7 @@ class TeacherDistillationEnv(BaseEnv):
         return [ServerConfig(**c.model_dump()) for c in as_server_configs(configs)] if configs else []
 
     @classmethod
-    def build(cls, config: Any, servers: list[ServerConfig], teacher: list[ServerConfig] = ()) -> BaseEnv:
+    def build(cls, config: Any, servers: list[ServerConfig], teacher: Sequence[ServerConfig] = ()) -> BaseEnv:
         server_configs = [APIServerConfig(**s.model_dump()) for s in servers]
         teachers = [APIServerConfig(**s.model_dump()) for s in teacher] or None
         return cls(config=config, server_configs=server_configs, teacher_server_configs=teachers)

@@ -72,10 +72,11 @@ class ManagedServer:
         return next((node for node in self.current_nodes if prompt.startswith(node.full_text)), None)
 
     def _input_ids(self, prompt: str, node: SequenceNode | None) -> list[int]:
+        tokenizer: Any = self.tokenizer  # set: _sample only asks when there is one
         if node is None:
-            return list(self.tokenizer.encode(prompt, add_special_tokens=True))
+            return list(tokenizer.encode(prompt, add_special_tokens=True))
         suffix = prompt[len(node.full_text) :]
-        return node.tokens + (list(self.tokenizer.encode(suffix, add_special_tokens=False)) if suffix else [])
+        return node.tokens + (list(tokenizer.encode(suffix, add_special_tokens=False)) if suffix else [])
 
     def _node(
         self,

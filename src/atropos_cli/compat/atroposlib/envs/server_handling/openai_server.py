@@ -39,7 +39,7 @@ def resolve_openai_configs(
             hint="set each server's fields in the YAML 'openai:' list instead",
         )
     if multi_yaml:
-        return [APIServerConfig(**entry) for entry in yaml_servers]
+        return [APIServerConfig(**entry) for entry in yaml_servers or []]
     if multi_default:
         return default_server_configs
     single = APIServerConfig(**openai_config_dict)
