@@ -13,45 +13,16 @@ from atropos_cli.cli.app import app
 from atropos_cli.resources import resolve_model_path
 from atropos_cli.testing.fake_generate import top_k_entry
 from atropos_cli.testing.fake_server import token_logprob
+from test_compat_atroposlib import ONE_SERVER_ENV
 
 TOKENIZER = resolve_model_path("atropos-tiny-arith")
-ENV = """
-from atroposlib.envs.base import APIServerConfig, ScoredDataGroup
-from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig, TeacherDistillationEnv
-from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
-
-
-class DistilledMath(TeacherDistillationEnv):
-    name = "distilled_math"
-
-    @classmethod
-    def config_init(cls):
-        config = TeacherDistillationConfig(group_size=2, total_steps=2, use_wandb=False, tokenizer_name="{tok}")
-        return config, [APIServerConfig(base_url="{url}", model_name="fake-model", api_key="x")]
-
-    async def setup(self):
-        self.i = 0
-
-    async def get_next_item(self):
-        self.i += 1
-        return self.i
-
-    async def collect_trajectories(self, item):
-        chat = [{{"role": "user", "content": f"What is {{item}} + 2?"}}]
-        out = await self.server.chat_completion(messages=chat, n=2)
-        group = ScoredDataGroup()
-        group["tokens"], group["masks"], group["scores"] = [], [], []
-        for choice in out.choices:
-            answer = {{"role": "assistant", "content": choice.message.content}}
-            t = tokenize_for_trainer(self.tokenizer, chat + [answer])
-            group["tokens"].append(t["tokens"])
-            group["masks"].append(t["masks"])
-            group["scores"].append(float(choice.message.content == str(item + 2)))
-        return group, []
-
-    async def evaluate(self, *args, **kwargs):
-        return None
-"""
+# the one-server env of test_compat_atroposlib, as a TeacherDistillationEnv
+ENV = ONE_SERVER_ENV.replace(
+    "from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup",
+    "from atroposlib.envs.base import APIServerConfig, ScoredDataGroup\n"
+    "from atroposlib.envs.teacher_distillation_env import TeacherDistillationConfig as BaseEnvConfig\n"
+    "from atroposlib.envs.teacher_distillation_env import TeacherDistillationEnv as BaseEnv",
+)
 
 
 def _run(tmp_path: Path, url: str, *flags: str):
