@@ -31,6 +31,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.init_env",
         "Write NAME.py (a declarative env: items, prompt, reward) and test_NAME.py; both pass as written.",
     ),
+    "port": LazyCommand(
+        "atropos_cli.cli.port",
+        "Check an Atropos env file: what it uses that we lack, then one group on the shipped local model.",
+    ),
     "view": LazyCommand(
         "atropos_cli.cli.view",
         "Render scored groups to one self-contained HTML page (search, score filter, keyboard navigation).",

@@ -1,0 +1,70 @@
+"""`atropos port FILE`'s library half: what an Atropos env file uses that this compatibility layer lacks.
+
+`scan_env_file(path)` reads the file's `atroposlib` imports (AST, without running it) and checks each name
+against `atropos_cli.compat.atroposlib`, and flags the atroposlib features it accepts but does not
+implement (SLURM discovery, the testing harness, the ManagedServer proxy, hub datasets/tokenizers offline).
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = ["PortFinding", "PortReport", "scan_env_file"]
+
+TARGET = "atropos_cli.compat.atroposlib"
+# (substring of the source, what we do instead)
+NOTES = (
+    ("slurm", "--slurm: servers are taken from the config (no SLURM node discovery)"),
+    ("ServerHarness", "the testing harness is not provided: use atropos_cli.testing.FakeInferenceServer"),
+    ("proxy_url", "the ManagedServer proxy is not provided: managed_server() runs in-process"),
+    ("load_dataset(", "datasets from the Hugging Face hub need the hub (or its cache): offline, load local files"),
+    ("from_pretrained(", "tokenizers/models from the hub need the hub (or its cache): offline, pass a local dir"),
+)
+
+
+@dataclass
+class PortFinding:
+    line: int
+    message: str
+
+
+@dataclass
+class PortReport:
+    path: Path
+    imported: list[str] = field(default_factory=list)
+    missing: list[PortFinding] = field(default_factory=list)
+    notes: list[PortFinding] = field(default_factory=list)
+
+
+def _check_import(node: ast.ImportFrom | ast.Import, report: PortReport) -> None:
+    modules = [(node.module or "", [a.name for a in node.names])] if isinstance(node, ast.ImportFrom) else []
+    if isinstance(node, ast.Import):
+        modules = [(alias.name, []) for alias in node.names]
+    for module, names in modules:
+        if module != "atroposlib" and not module.startswith("atroposlib."):
+            continue
+        report.imported.append(module)
+        try:
+            loaded = importlib.import_module(TARGET + module[len("atroposlib") :])
+        except ImportError:
+            report.missing.append(PortFinding(node.lineno, f"module {module} is not provided"))
+            continue
+        for name in names:
+            if name != "*" and not hasattr(loaded, name):
+                report.missing.append(PortFinding(node.lineno, f"{module} has no {name!r}"))
+
+
+def scan_env_file(path: Path) -> PortReport:
+    source = Path(path).read_text(encoding="utf-8")
+    report = PortReport(Path(path))
+    for node in ast.walk(ast.parse(source, str(path))):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            _check_import(node, report)
+    for number, text in enumerate(source.splitlines(), start=1):
+        for needle, message in NOTES:
+            if needle in text:
+                report.notes.append(PortFinding(number, message))
+    return report
