@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -43,7 +43,7 @@ def _one_group(file: Path, extra: list[str]) -> None:
     from atropos_cli.env.loading import load_env
     from atropos_cli.runs.process import RunPaths, prepare_output, run_process
 
-    overrides = {
+    overrides: dict[str, dict[str, Any]] = {
         "env": {"total_steps": 1, "tokenizer_name": "atropos-tiny-arith", "use_wandb": False},
         "openai": {"server_type": "local", "model_name": "atropos-tiny-arith", "base_url": ""},
     }
