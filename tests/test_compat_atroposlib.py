@@ -305,3 +305,31 @@ def test_the_atroposlib_module_paths_envs_import_exist(module: str) -> None:
     loaded = importlib.import_module(module)
     assert loaded is importlib.import_module(module.replace("atroposlib", "atropos_cli.compat.atroposlib", 1))
     assert [name for name in SURFACE[module].split() if not hasattr(loaded, name)] == []
+
+
+def test_atropos_serve_runs_an_unmodified_atropos_env(
+    fake_server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`atropos serve env.py` on an Atropos env with state and W&B hooks: its groups (with the overrides its
+    handle_send_to_api adds) reach our trajectory API; its wandb_log hook saved checkpoints under the
+    trainer's checkpoint_dir ("c", from the API's registration, as atroposlib's serve loop sets it)."""
+    monkeypatch.chdir(tmp_path)
+    import httpx
+
+    from atropos_cli.env.loading import load_env
+    from atropos_cli.runs.serve import ServeOptions, serve_env
+    from test_serve import running_api, start_trainer
+
+    srv = fake_server(ConformanceRule(), tokenizer=TOKENIZER)
+    flags = process_flags("checkpointing_env.py", srv.base_url, Path(TOKENIZER), tmp_path)
+    with running_api() as url:
+        start_trainer(url, batch_size=4)
+        env = str(ENVS_DIR / "checkpointing_env.py")
+        loaded = load_env(env, [*flags, "--env.max_batches_offpolicy", "0"], None, mode="serve")
+        options = ServeOptions(api_url=url, max_groups=4, spill_path=str(tmp_path / "spill.jsonl"))
+        stats = asyncio.run(serve_env(loaded, options))
+        assert stats.counts.groups == 4
+        batch = httpx.get(url + "/batch").json()["batch"]
+    assert batch and all(len(g["tokens"]) == 2 and g["overrides"][0]["iter"] >= 1 for g in batch)
+    saved = list((tmp_path / "c" / "env_checkpoints" / "checkpointing_0").glob("step-*.json"))
+    assert saved and all(json.loads(p.read_text())["iter"] >= 1 for p in saved)
