@@ -333,3 +333,24 @@ def test_atropos_serve_runs_an_unmodified_atropos_env(
     assert batch and all(len(g["tokens"]) == 2 and g["overrides"][0]["iter"] >= 1 for g in batch)
     saved = list((tmp_path / "c" / "env_checkpoints" / "checkpointing_0").glob("step-*.json"))
     assert saved and all(json.loads(p.read_text())["iter"] >= 1 for p in saved)
+
+
+def test_failures_in_env_code_are_one_line_with_file_and_line(fake_server, tmp_path: Path) -> None:
+    srv = fake_server(rule="arithmetic")
+    source = ONE_SERVER_ENV.format(tok=TOKENIZER, url=srv.base_url)
+    setup_fails = source.replace("        self.i = 0\n", "        self.i = open('/no/such/dataset.jsonl')\n")
+    path = env_file(tmp_path, setup_fails, "setup_fails.py")
+    line = setup_fails.splitlines().index("        self.i = open('/no/such/dataset.jsonl')") + 1
+    result = CliRunner().invoke(app, ["process", str(path), "--out", str(tmp_path / "a")])
+    assert result.exit_code == 1  # setup() is an env hook: runs/envcall.py's one line
+    said = " ".join(result.output.split())
+    assert "the env's setup() raised FileNotFoundError:" in said and f"(at {path}:{line})" in said
+    bad_config = source.replace("BaseEnvConfig(group_size=2,", "BaseEnvConfig(group_size='two',")
+    path = env_file(tmp_path, bad_config, "bad_config.py")
+    result = CliRunner().invoke(app, ["process", str(path), "--out", str(tmp_path / "b")])
+    config_line = bad_config.splitlines().index(next(x for x in bad_config.splitlines() if "group_size='two'" in x)) + 1
+    assert result.exit_code == 2
+    assert f"{path}:{config_line}: OneServerEnv.config_init() failed: ValidationError" in " ".join(
+        result.output.split()
+    )
+    assert "Traceback" not in result.output

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig, ServerConfig
-from atropos_cli.errors import ConfigError
+from atropos_cli.errors import ConfigError, EnvLoadError
 from atropos_cli.inference.base import Generation, SamplingParams
 from atropos_cli.tokens import build_rollout_tokens
 from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup
@@ -35,6 +35,7 @@ __all__ = [
     "Item",
     "record_failure",
     "failure_sink",
+    "env_error",
     "BaseEnvConfig",
     "APIServerConfig",
     "ScoredDataGroup",
@@ -347,3 +348,29 @@ def _split_reward(value: float | dict[str, float]) -> tuple[float, dict[str, flo
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"reward must return a float or a dict of floats, got {type(value).__name__}")
     return float(value), None
+
+
+def env_error(env_cls: type, step: str, exc: BaseException, hint: str) -> EnvLoadError:
+    """One line for an exception raised by env code: the env file and line it came from, the step, the error."""
+    import inspect
+
+    try:
+        source = inspect.getfile(env_cls)
+    except (TypeError, OSError):
+        source = ""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == source]
+    where = f"{source}:{frames[-1].lineno}" if frames else source or env_cls.__name__
+    return EnvLoadError(f"{where}: {env_cls.__name__}.{step} failed: {_one_line(exc)}", hint=hint)
+
+
+def _one_line(exc: BaseException) -> str:
+    """`Type: message` on one line (a pydantic error: its first field and message)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        try:
+            first = errors()[0]
+            return f"{type(exc).__name__}: {'.'.join(map(str, first['loc']))}: {first['msg']}"
+        except (TypeError, IndexError, KeyError):
+            pass
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__

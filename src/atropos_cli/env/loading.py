@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from atropos_cli.config import EnvConfig, RunConfig, ServerConfig, load_yaml, parse_dotted_flags, resolve_config
-from atropos_cli.env.base import BaseEnv
+from atropos_cli.env.base import BaseEnv, env_error
 from atropos_cli.env.registry import resolve_env
+from atropos_cli.errors import AtroposError
 from atropos_cli.resources import DEFAULT_MODEL
 
 __all__ = ["LoadedEnv", "load_env", "resolve_run_config", "uses_default_local_model"]
@@ -63,7 +64,12 @@ def resolve_run_config(
     returned (a subclass of `env_config_cls`, as Atropos envs often return).
     """
     env_cls = env_cls or resolve_env(env_spec)
-    env_defaults, server_defaults = env_cls.config_init()
+    try:
+        env_defaults, server_defaults = env_cls.config_init()
+    except AtroposError:
+        raise
+    except Exception as exc:
+        raise env_error(env_cls, "config_init()", exc, "config_init() must return (env config, servers)") from None
     if mode:
         env_defaults = env_defaults.model_copy(update=env_cls.mode_defaults(mode))
     yaml_data = load_yaml(config_path) if config_path else None
@@ -118,5 +124,12 @@ def load_env(
     check = getattr(env_cls, "check_config", None)  # envs that are not ours may lack it
     if check is not None:
         check(env_config)
-    env = env_cls.build(env_config, run_config.openai, run_config.teacher)
+    try:
+        env = env_cls.build(env_config, run_config.openai, run_config.teacher)
+    except AtroposError:
+        raise
+    except Exception as exc:
+        raise env_error(
+            env_cls, "__init__", exc, "fix the env's constructor (it runs with the resolved config)"
+        ) from None
     return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)
