@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
-import math
 import sys
 import time
 from pathlib import Path
@@ -74,21 +73,31 @@ def flops_per_token(model, seq_len: int) -> float:
     return 6 * matmul + 12 * cfg.num_hidden_layers * cfg.hidden_size * seq_len
 
 
-def make_groups(n_seqs: int, seq_len: int, group_size: int, vocab: int, seed: int):
+def make_groups(n_seqs: int, seq_len: int, group_size: int, vocab: int, seed: int, min_len: int | None = None):
+    """Synthetic groups: every sequence `seq_len` tokens, or (min_len given) lengths uniform in
+    [min_len, seq_len]; the first quarter of each sequence (at most 256 tokens) is the masked prompt."""
     from atropos_cli.types import ScoredGroup
 
     gen = torch.Generator().manual_seed(seed)
-    prompt = seq_len // 4
     groups = []
     for _ in range(n_seqs // group_size):
-        tokens = torch.randint(0, vocab, (group_size, seq_len), generator=gen).tolist()
-        masks = [[-100] * prompt + t[prompt:] for t in tokens]
-        inf = (-torch.rand(group_size, seq_len, generator=gen) * 12).tolist()
-        inf = [[1.0] * prompt + row[prompt:] for row in inf]
+        lengths = [seq_len] * group_size
+        if min_len is not None:
+            lengths = torch.randint(min_len, seq_len + 1, (group_size,), generator=gen).tolist()
+        tokens = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lengths]
+        masks = [[-100] * min(256, len(t) // 4) + t[min(256, len(t) // 4) :] for t in tokens]
+        inf = [
+            [1.0] * min(256, len(t) // 4) + (-torch.rand(len(t), generator=gen) * 12).tolist()[min(256, len(t) // 4) :]
+            for t in tokens
+        ]
         scores = torch.randint(0, 2, (group_size,), generator=gen).float().tolist()
         scores[0], scores[1] = 1.0, 0.0  # every group has signal
         groups.append(ScoredGroup(tokens=tokens, masks=masks, scores=scores, inference_logprobs=inf))
     return groups
+
+
+def real_tokens(groups) -> int:
+    return sum(len(t) for g in groups for t in g.tokens)
 
 
 def fresh_model(cfg, device, dtype=torch.float32, state=None):
@@ -117,21 +126,43 @@ def _peak(device) -> float:
     return torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
 
 
-def time_steps(step, steps: int, warmup: int, device: str) -> float:
-    for _ in range(warmup):
-        step()
+def graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def time_steps(step, batches: list, warmup: int, device: str) -> dict:
+    """Run `step(batch)` on the warm-up batches then time the rest: real tokens/s over the timed steps, the first
+    step's seconds (compilation included) and graphs compiled after the warm-up (recompiles)."""
     _sync(device)
     started = time.perf_counter()
-    for _ in range(steps):
-        step()
+    step(batches[0])
     _sync(device)
-    return (time.perf_counter() - started) / steps
+    first = time.perf_counter() - started
+    for batch in batches[1:warmup]:
+        step(batch)
+    _sync(device)
+    graphs = graphs_compiled()
+    started = time.perf_counter()
+    for batch in batches[warmup:]:
+        step(batch)
+    _sync(device)
+    elapsed = time.perf_counter() - started
+    timed = batches[warmup:]
+    return {
+        "s_per_step": elapsed / len(timed),
+        "tokens_per_s": sum(real_tokens(b) for b in timed) / elapsed,
+        "first_step_s": first,
+        "recompiles": graphs_compiled() - graphs,
+    }
 
 
-def bench_ours(args, cfg, state, groups, variant: dict):
+def bench_ours(args, cfg, state, batches, variant: dict):
     from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
 
     _reset(args.device)
+    torch._dynamo.reset()
     model = fresh_model(cfg, args.device, state=state)
     config = GRPOConfig(
         out="/tmp/bench",
@@ -142,33 +173,63 @@ def bench_ours(args, cfg, state, groups, variant: dict):
         compile=variant["compile"],
         pack=variant["pack"],
         activation_memory_budget=variant["budget"],
+        lora_r=variant["lora"],
         lr=1e-6,
         max_len=args.seq_len + 1,
     )
+    import atropos_cli.trainer.attention as attention
+    import atropos_cli.trainer.grpo as grpo
+
+    knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
+    # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA
+    grpo.EXACT_ROWS = "f" not in knobs
+    grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
+    attention.NATIVE_GQA = "r" not in knobs
+    import atropos_cli.trainer.logprobs as logprobs
+
+    logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
     trainer = GRPOTrainer(config, model=model)
-    per_step = time_steps(lambda: trainer.step(groups), args.steps, args.warmup, args.device)
-    peak = _peak(args.device)
-    return per_step, peak
+    result = time_steps(trainer.step, batches, args.warmup, args.device)
+    result["peak"] = _peak(args.device)
+    result["mode"] = trainer.pack
+    return result
+
+
+def _tri(text: str) -> bool | None:
+    return None if text == "a" else bool(int(text))
 
 
 def parse_variant(spec: str) -> dict:
-    """micro_tokens:checkpointing:compile:dtype[:pack[:activation_budget]], e.g. 8192:0:1:bf16-pure:1:0.5"""
+    """micro_tokens:checkpointing:compile:dtype[:pack[:activation_budget[:lora_r]]]; compile and pack take
+    0, 1 or a (auto: GRPOConfig's default), e.g. 8192:0:a:auto:a is the default configuration."""
     parts = spec.split(":")
     return {
         "micro": int(parts[0]),
         "ckpt": bool(int(parts[1])),
-        "compile": bool(int(parts[2])),
+        "compile": _tri(parts[2]),
         "dtype": parts[3],
-        "pack": bool(int(parts[4])) if len(parts) > 4 else False,
-        "budget": float(parts[5]) if len(parts) > 5 else None,
+        "pack": _tri(parts[4]) if len(parts) > 4 else False,
+        "budget": float(parts[5]) if len(parts) > 5 and parts[5] not in ("", "-") else None,
+        "lora": int(parts[6]) if len(parts) > 6 else 0,
+        "knobs": parts[7] if len(parts) > 7 else "",
     }
 
 
 def describe(v: dict) -> str:
-    text = f"{v['dtype']}, micro-batch {v['micro']} tokens, ckpt {'on' if v['ckpt'] else 'off'}"
-    text += ", compiled" if v["compile"] else ""
-    text += ", packed" if v["pack"] else ""
+    auto = v["compile"] is None and v["pack"] is None and v["dtype"] == "auto"
+    text = "**defaults**: " if auto else ""
+    text += f"{v['dtype']}, micro-batch {v['micro']} tokens, ckpt {'on' if v['ckpt'] else 'off'}"
+    text += {None: "", True: ", compiled", False: ", eager"}[v["compile"]]
+    text += {None: "", True: ", packed", False: ", padded"}[v["pack"]]
     text += f", activation budget {v['budget']}" if v["budget"] is not None else ""
+    text += f", LoRA r={v['lora']}" if v["lora"] else ""
+    names = {
+        "f": "fixed-width rows + filler",
+        "w": "whole-body compile",
+        "d": "per-layer compile, all dims dynamic",
+        "r": "GQA by repeated KV heads",
+    }
+    text += "".join(f", {names[k]}" for k in v["knobs"])
     return text
 
 
@@ -188,13 +249,13 @@ def load_example_trainer():
     return data, model, trainers, training, TrainingConfig, note
 
 
-def bench_atropos(args, cfg, state, groups, micro: int, ckpt: bool, mods):
+def bench_atropos(args, cfg, state, batches, micro: int, ckpt: bool, mods):
     data_mod, model_mod, trainers_mod, training_mod, TrainingConfig, _ = mods
     _reset(args.device)
     model = model_mod._load_model_with_attention(cfg, from_config=True)  # bf16 weights, as Atropos loads them
     model.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()})
     model = model.to(args.device)
-    n = sum(g.size for g in groups)
+    n = sum(g.size for g in batches[0])
     config = TrainingConfig(
         model_name="bench",
         batch_size=micro,
@@ -209,17 +270,16 @@ def bench_atropos(args, cfg, state, groups, micro: int, ckpt: bool, mods):
     counter = [0]
     # pad_data_to_good_offset mutates the dicts it gets (as fresh JSON from the API); give each step its own
     # copy, made before the clock starts
-    copies = [{"batch": copy.deepcopy([g.to_scored_data() for g in groups])} for _ in range(args.steps + args.warmup)]
+    copies = {id(b): {"batch": copy.deepcopy([g.to_scored_data() for g in b])} for b in batches}
 
-    def step():
-        batch = copies.pop()
-        tokens, labels, adv, temps, inf = data_mod.pad_data_to_good_offset(batch, micro)
+    def step(groups):
+        tokens, labels, adv, temps, inf = data_mod.pad_data_to_good_offset(copies[id(groups)], micro)
         training_mod.run_training_step(model, optimizer, tokens, labels, adv, temps, config, counter[0], inf)
         counter[0] += 1
 
-    per_step = time_steps(step, args.steps, args.warmup, args.device)
-    peak = _peak(args.device)
-    return per_step, peak
+    result = time_steps(step, batches, args.warmup, args.device)
+    result["peak"] = _peak(args.device)
+    return result
 
 
 def _flat_grad(model) -> torch.Tensor:
@@ -251,7 +311,15 @@ def grad_errors(args, cfg, state, groups, mods):
     out = {}
     for dtype in ("bf16", "bf16-pure"):
         model = fresh_model(cfg, args.device, state=state)
-        config = GRPOConfig(out="/tmp/bench", dtype=dtype, device=args.device, lr=1e-6, max_len=args.seq_len + 1)
+        config = GRPOConfig(
+            out="/tmp/bench",
+            dtype=dtype,
+            device=args.device,
+            lr=1e-6,
+            max_len=args.seq_len + 1,
+            pack=False,
+            compile=False,
+        )
         trainer = GRPOTrainer(config, model=model)
         lp = trainer._logprobs(model, mb)
         (-(lp * mb.advantages * mb.loss_mask).sum(-1).div(lengths).mean()).backward()
@@ -289,81 +357,108 @@ def grad_errors(args, cfg, state, groups, mods):
     return out
 
 
+DEFAULT_OURS = {
+    "equal": "8192:0:a:auto:a,8192:0:1:bf16-pure:0",
+    "mixed": "8192:0:a:auto:a,8192:0:0:bf16-pure:0,8192:0:1:bf16-pure:0,16384:1:a:auto:a,8192:0:a:auto:a:-:16",
+}
+
+
+def build_batches(args, cfg, lengths: str) -> list:
+    """One batch per step (warm-up first): every step sees new lengths, as an RL run does."""
+    min_len = args.min_len if lengths == "mixed" else None
+    return [
+        make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=step, min_len=min_len)
+        for step in range(args.warmup + args.steps)
+    ]
+
+
+def run_rows(args, cfg, state, lengths: str, mods, fpt_of, lines: list) -> None:
+    batches = build_batches(args, cfg, lengths)
+    per_token = [len(t) for b in batches for g in b for t in g.tokens]
+    fpt = fpt_of(sum(n * n for n in per_token) / sum(per_token))  # attention FLOPs at the token-weighted length
+
+    def row(name, setting, r):
+        tps = r["tokens_per_s"]
+        mfu = tps * fpt / PEAK_FLOPS
+        line = (
+            f"| {name} | {lengths} | {setting} | {tps:,.0f} | {mfu:.1%} | {r['peak']:.1f} | {r['s_per_step']:.3f} "
+            f"| {r['first_step_s']:.1f} | {r['recompiles']} |"
+        )
+        lines.append(line)
+        print(line, flush=True)
+
+    specs = args.ours_equal if lengths == "equal" else args.ours_mixed
+    for spec in filter(None, specs.split(",")):
+        variant = parse_variant(spec)
+        setting = describe(variant)
+        try:
+            r = bench_ours(args, cfg, state, batches, variant)
+            row("ours", f"{setting} ({r['mode']})", r)
+        except Exception as exc:  # a benchmark row that fails is reported, the others still run
+            lines.append(f"| ours | {lengths} | {setting} | failed: {type(exc).__name__}: {str(exc)[:160]} |")
+            print(lines[-1], flush=True)
+    for spec in filter(None, args.atropos.split(",") if mods else []):
+        micro, ckpt = (int(x) for x in spec.split(":"))
+        setting = f"micro-batch {micro} seqs, ckpt {'on' if ckpt else 'off'}"
+        try:
+            row("Atropos example_trainer", setting, bench_atropos(args, cfg, state, batches, micro, bool(ckpt), mods))
+        except Exception as exc:
+            lines.append(f"| Atropos | {lengths} | {setting} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
+            print(lines[-1], flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny config (smoke test of the script)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seqs", type=int, default=64)
-    parser.add_argument("--seq-len", type=int, default=1024)
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument(
-        "--ours",
-        default="8192:0:1:bf16-pure,8192:0:1:bf16-pure:1,4096:0:1:bf16-pure,8192:0:1:bf16-pure:0:0.5,16384:1:1:bf16-pure",
-        help="variants micro_tokens:checkpointing:compile:dtype[:pack[:activation_budget]], comma-separated",
-    )
-    parser.add_argument("--atropos", default="2:1,32:1,8:0", help="variants micro_batch:checkpointing")
+    parser.add_argument("--seq-len", type=int, default=1024, help="the length (equal) or longest length (mixed)")
+    parser.add_argument("--min-len", type=int, default=128, help="mixed: lengths uniform in [min-len, seq-len]")
+    parser.add_argument("--lengths", default="equal,mixed", help="equal, mixed or both")
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--ours-equal", default=DEFAULT_OURS["equal"], help="variants (parse_variant), comma-separated")
+    parser.add_argument("--ours-mixed", default=DEFAULT_OURS["mixed"])
+    parser.add_argument("--atropos", default="32:1", help="variants micro_batch:checkpointing")
+    parser.add_argument("--no-grad-check", action="store_true")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     args = parser.parse_args()
 
     cfg = qwen_config(args.tiny)
     state = {k: v.cpu() for k, v in fresh_model(cfg, "cpu").state_dict().items()}
-    groups = make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=0)
     probe = fresh_model(cfg, "meta")
-    fpt = flops_per_token(probe, args.seq_len)
     n_params = sum({v.data_ptr(): v.numel() for v in state.values()}.values())  # tied weights once
-    tokens = args.seqs * args.seq_len
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     lines = [
         f"# trainer benchmark: {device_name}, torch {torch.__version__}",
-        f"model: Qwen2.5-0.5B-shaped, {n_params / 1e6:.0f}M params, random weights; step = {args.seqs} x "
-        f"{args.seq_len} tokens; {args.steps} timed steps after {args.warmup} warm-up; "
-        f"{fpt / 1e9:.2f} GFLOP/token",
+        f"model: Qwen2.5-0.5B-shaped, {n_params / 1e6:.0f}M params, random weights; step = {args.seqs} sequences "
+        f"(equal: {args.seq_len} tokens each; mixed: uniform in {args.min_len}-{args.seq_len}, new lengths every "
+        f"step); {args.steps} timed steps after {args.warmup} warm-up steps",
         "",
-        "| trainer | setting | tokens/s | MFU | peak GiB | s/step |",
-        "|---|---|---|---|---|---|",
+        "| trainer | lengths | setting | real tokens/s | MFU | peak GiB | s/step | first step s | recompiles |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-
-    def row(name, setting, per_step, peak):
-        tps = tokens / per_step
-        line = f"| {name} | {setting} | {tps:,.0f} | {tps * fpt / PEAK_FLOPS:.1%} | {peak:.1f} | {per_step:.3f} |"
-        lines.append(line)
-        print(line, flush=True)
-
-    for spec in filter(None, args.ours.split(",")):
-        variant = parse_variant(spec)
-        setting = describe(variant)
-        try:
-            row("ours", setting, *bench_ours(args, cfg, state, groups, variant))
-        except Exception as exc:  # a benchmark row that fails is reported, the others still run
-            lines.append(f"| ours | {setting} | failed: {type(exc).__name__}: {str(exc)[:160]} | | | |")
-            print(lines[-1], flush=True)
     mods = None
     try:
         mods = load_example_trainer()
         if mods[-1]:
-            lines.append(f"note: {mods[-1]}")
+            lines.insert(2, f"note: {mods[-1]}")
     except Exception as exc:
-        lines.append(f"Atropos example_trainer not importable: {type(exc).__name__}: {exc}")
-    for spec in filter(None, args.atropos.split(",") if mods else []):
-        micro, ckpt = (int(x) for x in spec.split(":"))
-        setting = f"micro-batch {micro} seqs, ckpt {'on' if ckpt else 'off'}"
-        try:
-            row("Atropos example_trainer", setting, *bench_atropos(args, cfg, state, groups, micro, bool(ckpt), mods))
-        except Exception as exc:
-            lines.append(f"| Atropos | {setting} | failed: {type(exc).__name__}: {str(exc)[:120]} | | | |")
-            print(lines[-1], flush=True)
+        lines.insert(2, f"Atropos example_trainer not importable: {type(exc).__name__}: {exc}")
+    for lengths in args.lengths.split(","):
+        run_rows(args, cfg, state, lengths, mods, lambda n: flops_per_token(probe, n), lines)
     import atropos_cli.trainer.logprobs as lp
 
     lines.append(f"LM-head matmul: {'bf16 inputs, fp32 output (torch.mm out_dtype)' if lp.MIXED_MM else 'fp32'}")
-    lines += ["", "| gradient vs fp32 reference | relative L2 error |", "|---|---|"]
-    for name, err in grad_errors(args, cfg, state, groups, mods).items():
-        lines.append(f"| {name} | {err:.2e} |")
+    if not args.no_grad_check:
+        groups = make_groups(8, args.seq_len, 8, cfg.vocab_size, seed=0)
+        lines += ["", "| gradient vs fp32 reference | relative L2 error |", "|---|---|"]
+        for name, err in grad_errors(args, cfg, state, groups, mods).items():
+            lines.append(f"| {name} | {err:.2e} |")
     text = "\n".join(lines)
     print(text)
     if args.out:
         Path(args.out).write_text(text + "\n")
-    assert math.isfinite(fpt)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,11 @@ def profile_step(args, cfg, groups) -> None:
     for _ in range(2):
         trainer.step(groups)
     torch.cuda.synchronize()
+    for _ in range(3):  # step-to-step spread
+        started = time.perf_counter()
+        trainer.step(groups)
+        torch.cuda.synchronize()
+        print(f"step {time.perf_counter() - started:.3f} s")
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         started = time.perf_counter()
         trainer.step(groups)
@@ -45,6 +50,7 @@ def profile_step(args, cfg, groups) -> None:
     busy = sum(e.self_device_time_total for e in events) / 1e6
     print(f"step wall {wall:.3f} s, GPU kernels {busy:.3f} s ({busy / wall:.0%} busy)")
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=args.rows, max_name_column_width=60))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15, max_name_column_width=60))
 
 
 def lm_head(args, cfg) -> None:
@@ -116,12 +122,17 @@ def main() -> None:
     parser.add_argument("--head-tokens", type=int, default=8192)
     parser.add_argument("--chunk", type=int, default=1024)
     parser.add_argument("--skip-step", action="store_true")
+    parser.add_argument("--skip-head", action="store_true")
+    parser.add_argument("--mixed", action="store_true", help="lengths uniform in [min-len, seq-len]")
+    parser.add_argument("--min-len", type=int, default=128)
     args = parser.parse_args()
 
     cfg = qwen_config(False)
-    lm_head(args, cfg)
+    if not args.skip_head:
+        lm_head(args, cfg)
     if not args.skip_step:
-        profile_step(args, cfg, make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=0))
+        min_len = args.min_len if args.mixed else None
+        profile_step(args, cfg, make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=0, min_len=min_len))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from atropos_cli.trainer.batching import micro_batches, prepare
-from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, use_packing
+from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, packing_mode
 from atropos_cli.trainer.losses import Normaliser, policy_loss
 from atropos_cli.types import ScoredGroup
 from tiny_models import tiny_causal_lm
@@ -103,7 +103,80 @@ def test_a_packed_step_trains_like_a_padded_one():
         assert torch.allclose(w_pack[name], weight, atol=1e-6), name
 
 
-def test_packing_is_off_by_default_and_on_when_asked():
-    assert GRPOConfig().pack is False
-    assert use_packing(tiny_qwen(), True, "cpu") is True
-    assert use_packing(tiny_qwen(), False, "cuda") is False
+def test_packing_is_off_by_default_on_cpu_and_on_when_asked():
+    assert GRPOConfig().pack is None  # auto: static packing on CUDA, padded on CPU
+    assert packing_mode(tiny_qwen(), None, "cpu") == "off"
+    assert packing_mode(tiny_qwen(), True, "cpu") == "rows"
+    assert packing_mode(tiny_qwen(), False, "cuda") == "off"
+
+
+def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradient():
+    """The CUDA default: rows of exactly `width` tokens, filler after the samples, pieces in `cu_seqlens`."""
+    from atropos_cli.trainer.attention import use_varlen
+    from atropos_cli.trainer.batching import StaticShape, static_micro_batches
+
+    model = tiny_qwen()
+    trainer = GRPOTrainer(GRPOConfig(out="unused", chunk_size=7), model=model)
+    samples = prepare(ragged_groups(), scale_rewards=True, dynamic_sampling=False, max_len=64).samples
+    padded = _gradients(model, trainer, samples, pack=False)
+    shape = StaticShape(width=40, max_doc_len=16, max_docs=8)
+    batches = static_micro_batches(samples, shape)
+    assert {tuple(b.input_ids.shape) for b in batches} == {(1, 40)}
+    assert {tuple(b.cu_seqlens.shape) for b in batches} == {(9,)}
+    assert sum(b.loss_mask.shape[0] for b in batches) == len(samples)
+    assert sum(b.real_tokens for b in batches) == sum(len(s.tokens) - 1 for s in samples)
+    for b in batches:
+        cu = b.cu_seqlens.tolist()
+        assert cu[0] == 0 and cu[-1] == 40 and cu == sorted(cu)
+        assert max(x - y for x, y in zip(cu[1:], cu, strict=False)) <= 16  # filler pieces too
+        assert int((b.position_ids == 0).sum()) == sum(1 for x, y in zip(cu[1:], cu, strict=False) if x > y)
+    use_varlen(model)
+    model.zero_grad()
+    norm = Normaliser(len(samples), sum(s.num_trained for s in samples))
+    for mb in batches:
+        logp = trainer._logprobs(model, mb)
+        policy_loss(
+            logp, mb.advantages, mb.loss_mask, trainer.loss_cfg, norm, inference_logp=mb.inference_logp
+        ).backward()
+    for name, grad in padded.items():
+        err = (model.get_parameter(name).grad - grad).norm() / grad.norm().clamp_min(1e-12)
+        assert err < 1e-4, f"{name}: static-packed vs padded gradient differs by {err:.2e}"
+
+
+def test_static_shape_caps_samples_per_row():
+    from atropos_cli.trainer.batching import StaticShape, static_micro_batches
+
+    samples = prepare(ragged_groups(), scale_rewards=True, dynamic_sampling=False, max_len=64).samples
+    shape = StaticShape(width=64, max_doc_len=64, max_docs=3)  # one piece kept for the filler: 2 samples a row
+    batches = static_micro_batches(samples, shape)
+    assert all(b.loss_mask.shape[0] <= 2 for b in batches) and len(batches) == 6
+    assert StaticShape.for_budget(8192, 2048) == StaticShape(width=8192, max_doc_len=2048, max_docs=69)
+    assert StaticShape.for_budget(1024, 4096).width == 4096  # a row holds the longest sample
+
+
+def test_static_packed_steps_compile_once_whatever_the_lengths():
+    """No recompiles after the first step: every static micro-batch reaches the compiled body with one shape."""
+    from atropos_cli.trainer.attention import use_varlen
+
+    graphs = []
+
+    def count(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    model = tiny_qwen()
+    trainer = GRPOTrainer(GRPOConfig(out="unused", micro_batch_tokens=48, max_len=32, lr=1e-3), model=model)
+    use_varlen(model)
+    trainer.pack = "static"
+    torch._dynamo.reset()
+    model.model.compile(backend=count)
+    for seed in range(3):  # different lengths every step
+        groups = ragged_groups()
+        gen = torch.Generator().manual_seed(seed)
+        for g in groups:
+            cut = [int(torch.randint(4, len(t) + 1, (1,), generator=gen)) for t in g.tokens]
+            g.tokens = [t[:c] for t, c in zip(g.tokens, cut, strict=True)]
+            g.masks = [m[:c] for m, c in zip(g.masks, cut, strict=True)]
+            g.inference_logprobs = [x[:c] for x, c in zip(g.inference_logprobs, cut, strict=True)]
+        assert not trainer.step(groups).get("skipped")
+    assert len(graphs) == 1

@@ -8,7 +8,7 @@ materialises a dense [T, T] causal mask instead; attention then takes a masked k
 131 ms of a 0.65 s step on an H200). `compile_body` first switches the model to `atropos_sdpa`: the same SDPA
 attention with a mask function that returns no mask when the mask would be purely causal (no padding, no packed
 samples, no sliding window), exactly what transformers does outside compile; then it compiles the whole body.
-`atropos_sdpa` is for unpacked rows only: packed micro-batches use flex attention (grpo.use_packing).
+`atropos_sdpa` is for unpacked rows only: packed micro-batches use `atropos_varlen` below (grpo.packing_mode).
 If the switch is refused (another transformers version), each decoder layer is compiled on its own instead:
 the mask is then built outside the compiled graphs, so it is skipped too, at the price of more host overhead.
 """
@@ -17,9 +17,11 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["compile_body", "ATTENTION_NAME"]
+__all__ = ["compile_body", "ATTENTION_NAME", "VARLEN_NAME", "use_varlen", "varlen_attention", "flash_varlen"]
 
 ATTENTION_NAME = "atropos_sdpa"
+VARLEN_NAME = "atropos_varlen"  # statically packed rows (batching.static_micro_batches); no "flash" in the name:
+# transformers special-cases names containing it
 
 
 def _register() -> None:
@@ -45,8 +47,10 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, causal_or_sdpa_mask)
 
 
-def compile_body(model: Any, body: Any) -> None:
-    """Compile `body` (the model without its LM head) in place: whole, or layer by layer as the fallback."""
+def compile_body(model: Any, body: Any, regional: bool | str = False) -> None:
+    """Compile `body` (the model without its LM head) in place: whole, or layer by layer (`regional`, or the
+    fallback). Layer by layer, the 24 identical layers of a 0.5B model share one compiled graph: a fraction of
+    the compile time, at the price of Python between the layers."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation == "sdpa":
         try:
@@ -56,9 +60,109 @@ def compile_body(model: Any, body: Any) -> None:
             implementation = None
         else:
             implementation = ATTENTION_NAME
-    if implementation in (ATTENTION_NAME, "flex_attention"):
+    if implementation in (ATTENTION_NAME, VARLEN_NAME, "flex_attention") and not regional:
         body.compile()
         return
     layers = getattr(body, "layers", None)
     for layer in layers if layers is not None else [body]:
-        layer.compile()
+        layer.compile(dynamic=True if regional == "dynamic" else None)
+
+
+# -- varlen attention for statically packed rows ------------------------------------------------------------
+
+
+def flash_varlen() -> Any:
+    """torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9) as
+    f(q, k, v, cu_seqlens, max_len, scale) on [tokens, heads, dim] tensors, or None where torch lacks it. Its
+    keyword arguments moved between torch versions (is_causal, then window_size=(-1, 0); enable_gqa), so they
+    are read off its signature once."""
+    import functools
+    import inspect
+
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    causal = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    gqa = {"enable_gqa": True} if "enable_gqa" in params else {}
+
+    def attend(q: Any, k: Any, v: Any, cu: Any, max_len: int, scale: float | None, native: bool = True) -> Any:
+        if k.shape[1] != q.shape[1] and not (native and NATIVE_GQA):  # one KV head per query head
+            k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
+        extra = gqa if k.shape[1] != q.shape[1] else {}
+        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
+
+    if "enable_gqa" not in params and not _native_gqa_works(attend):
+        return functools.partial(attend, native=False)
+    return attend
+
+
+def _native_gqa_works(attend: Any) -> bool:
+    """Older varlen_attn has no enable_gqa flag, but its flash kernel may take fewer KV heads anyway: check
+    the output and all gradients on a small CUDA problem against repeated KV heads, once."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return False
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(96, h, 64, device="cuda", generator=gen, dtype=torch.bfloat16) for h in (4, 2, 2))
+    cu = torch.tensor([0, 40, 96, 96], dtype=torch.int32, device="cuda")
+    results = []
+    for native in (True, False):
+        leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+        try:
+            out = attend(*leaves, cu, 64, None, native=native)
+            out.float().square().sum().backward()
+        except RuntimeError:
+            return False
+        results.append([out.float(), *(x.grad.float() for x in leaves)])
+    return all(torch.allclose(a, b, atol=2e-2, rtol=2e-2) for a, b in zip(*results, strict=True))
+
+
+_FLASH: list[Any] = [None]  # flash_varlen(), resolved by use_varlen (never while torch.compile traces)
+NATIVE_GQA = True  # pass GQA's fewer KV heads straight to the kernel where it computes them right
+
+
+def _dense_varlen(q: Any, k: Any, v: Any, cu: Any, scale: float | None) -> Any:
+    """The same attention through SDPA and a dense block-diagonal causal mask: CPU, tests, no varlen kernel."""
+    import torch
+
+    t = q.shape[0]
+    positions = torch.arange(t, device=q.device)
+    piece = torch.searchsorted(cu[1:].long(), positions, right=True)
+    mask = (piece[:, None] == piece[None, :]) & (positions[:, None] >= positions[None, :])
+    q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, t, dim]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+    )
+    return out[0].transpose(0, 1)
+
+
+def varlen_attention(
+    module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
+) -> tuple[Any, None]:
+    """transformers attention function for one packed row: causal attention within each piece that
+    `cu_seq_lens_q` delimits. query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None)."""
+    if kwargs.get("cu_seq_lens_q") is None:  # not a packed row (an eval forward, say): plain SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    cu, max_len = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
+    q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
+    if q.is_cuda and _FLASH[0] is not None:
+        out = _FLASH[0](q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scaling)
+    else:
+        out = _dense_varlen(q, k, v, cu, scaling)
+    return out[None], None
+
+
+def use_varlen(model: Any) -> None:
+    """Switch `model` to `atropos_varlen` (no mask is built: the pieces come as `cu_seq_lens_q`)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    _FLASH[0] = flash_varlen()
+    AttentionInterface.register(VARLEN_NAME, varlen_attention)
+    AttentionMaskInterface.register(VARLEN_NAME, lambda *args, **kwargs: None)
+    model.set_attn_implementation(VARLEN_NAME)

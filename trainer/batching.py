@@ -25,7 +25,16 @@ import torch
 
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["Sample", "Prepared", "MicroBatch", "group_advantages", "prepare", "micro_batches"]
+__all__ = [
+    "Sample",
+    "Prepared",
+    "MicroBatch",
+    "group_advantages",
+    "prepare",
+    "micro_batches",
+    "static_micro_batches",
+    "StaticShape",
+]
 
 MASKED = -100
 
@@ -160,6 +169,11 @@ class MicroBatch:
     teacher_mask: torch.Tensor | None = None  # [S, T] float32, 1.0 where the teacher scored the target token
     position_ids: torch.Tensor | None = None  # [R, L] int64, packed rows only
     padded: bool = True  # False when every row is full width: attention needs no mask then
+    # static packing only: [max_docs + 1] int32 sample boundaries in the row (varlen attention), the last
+    # entries repeated; and the longest a sample (or a filler piece) may be
+    cu_seqlens: torch.Tensor | None = None
+    max_doc_len: int = 0
+    real_tokens: int = 0  # model tokens that are not filler
 
     @property
     def packed(self) -> bool:
@@ -173,10 +187,11 @@ class MicroBatch:
         return MicroBatch(**moved)
 
 
-def _collate(rows: list[list[Sample]]) -> MicroBatch:
-    """Rows of samples (one sample a row = padded; several = packed) into one micro-batch."""
+def _collate(rows: list[list[Sample]], width: int | None = None) -> MicroBatch:
+    """Rows of samples (one sample a row = padded; several = packed) into one micro-batch; `width` fixes the
+    row width (static packing; the caller fills the rest)."""
     samples = [s for row in rows for s in row]
-    width = max(sum(len(s.tokens) - 1 for s in row) for row in rows)
+    width = width or max(sum(len(s.tokens) - 1 for s in row) for row in rows)
     span = max(len(s.tokens) - 1 for s in samples)
     r, b = len(rows), len(samples)
     input_ids = torch.zeros(r, width, dtype=torch.long)
@@ -228,6 +243,7 @@ def _collate(rows: list[list[Sample]]) -> MicroBatch:
         teacher_mask=(~torch.isnan(teacher)).float() if teacher is not None else None,
         position_ids=positions if packed else None,
         padded=bool((attention == 0).any()),
+        real_tokens=int(attention.sum()),
     )
 
 
@@ -254,14 +270,14 @@ def micro_batches(samples: list[Sample], max_tokens: int, pack: bool = False) ->
     return batches
 
 
-def _pack(samples: list[Sample], capacity: int) -> list[list[Sample]]:
-    """First-fit decreasing bin packing by model tokens (len - 1)."""
+def _pack(samples: list[Sample], capacity: int, max_items: int | None = None) -> list[list[Sample]]:
+    """First-fit decreasing bin packing by model tokens (len - 1), at most `max_items` samples a bin."""
     bins: list[list[Sample]] = []
     free: list[int] = []
     for s in sorted(samples, key=lambda s: len(s.tokens), reverse=True):
         n = len(s.tokens) - 1
         for i, room in enumerate(free):
-            if n <= room:
+            if n <= room and (max_items is None or len(bins[i]) < max_items):
                 bins[i].append(s)
                 free[i] -= n
                 break
@@ -269,3 +285,56 @@ def _pack(samples: list[Sample], capacity: int) -> list[list[Sample]]:
             bins.append([s])
             free.append(capacity - n)
     return bins
+
+
+@dataclass(frozen=True)
+class StaticShape:
+    """The one shape every statically packed micro-batch has, so a compiled model never recompiles:
+    one row of `width` tokens holding at most `max_docs` pieces (samples, then filler) of at most
+    `max_doc_len` tokens each."""
+
+    width: int
+    max_doc_len: int
+    max_docs: int
+    exact: bool = False  # rows end at their last sample (no filler): the width is marked dynamic instead
+
+    @classmethod
+    def for_budget(cls, micro_batch_tokens: int, max_len: int, exact: bool = False) -> StaticShape:
+        # a sample has at most max_len - 1 model tokens; pieces rounded up to attention's 128-token blocks
+        max_doc_len = -(-(max_len - 1) // 128) * 128
+        width = max(micro_batch_tokens, max_doc_len)
+        # a row holds at most width/128 samples (+ filler pieces): each slot costs the attention kernel empty
+        # thread blocks, so the cap stays small (measured: 261 slots made attention 3-4x slower)
+        max_docs = width // 128 + -(-width // max_doc_len) + 1
+        return cls(width, max_doc_len, max_docs, exact)
+
+
+def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[MicroBatch]:
+    """Samples packed end to end into rows of exactly `shape.width` tokens (first-fit decreasing, at most
+    `max_docs - filler pieces` samples a row); the rest of each row is filler (token 0, never trained, its own
+    attention pieces). Every micro-batch has the same model-input shapes: [1, width] ids and positions and a
+    [max_docs + 1] `cu_seqlens`, which keeps attention within each piece (trainer/attention.py)."""
+    filler_pieces = -(-shape.width // shape.max_doc_len)
+    rows = _pack(samples, shape.width, shape.max_docs - filler_pieces)
+    out = []
+    for row in rows:
+        lengths = [len(s.tokens) - 1 for s in row]
+        width = sum(lengths) if shape.exact else shape.width
+        mb = _collate([row], width=width)
+        free = width - sum(lengths)
+        pieces = [shape.max_doc_len] * (free // shape.max_doc_len) + (
+            [free % shape.max_doc_len] if free % shape.max_doc_len else []
+        )
+        if mb.position_ids is None:  # one sample in the row: positions count from 0 like a packed row's
+            mb.position_ids = torch.arange(width)[None].clone()
+        start = sum(lengths)
+        for n in pieces:  # filler: positions restart per piece, like a sample's
+            mb.position_ids[0, start : start + n] = torch.arange(n)
+            start += n
+        bounds = torch.tensor([0, *lengths, *pieces], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+        cu = torch.full((shape.max_docs + 1,), width, dtype=torch.int32)
+        cu[: len(bounds)] = bounds
+        mb.attention_mask.fill_(1)
+        mb.cu_seqlens, mb.max_doc_len, mb.padded = cu, shape.max_doc_len, False
+        out.append(mb)
+    return out

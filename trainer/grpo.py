@@ -32,14 +32,14 @@ from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
 from . import lora
-from .attention import compile_body
-from .batching import micro_batches, prepare
+from .attention import compile_body, flash_varlen, use_varlen
+from .batching import StaticShape, micro_batches, prepare, static_micro_batches
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from .logprobs import DEFAULT_CHUNK, flat_token_logprobs
 from .losses import LOSS_NAMES, LossConfig, LossStats, Normaliser, distill_loss, loss_config, policy_loss
 from .precision import Dtype, Precision
 
-__all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "use_packing"]
+__all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "packing_mode", "PackMode"]
 
 
 class GRPOConfig(BaseModel):
@@ -75,10 +75,18 @@ class GRPOConfig(BaseModel):
     device: str = "auto"
     dtype: Dtype | Literal["auto"] = "auto"  # auto: bf16-pure on CUDA, fp32 on CPU
     gradient_checkpointing: bool = False
-    compile: bool = False  # torch.compile the transformer body (CUDA only; attention.compile_body)
+    compile: bool | None = Field(
+        None,
+        description="torch.compile the transformer body (attention.compile_body). Default (None): on with CUDA, "
+        "off on CPU.",
+    )
     chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
-    # pack samples end to end (no padding) into micro-batches; on CUDA through flex attention (see use_packing)
-    pack: bool = False
+    pack: bool | None = Field(
+        None,
+        description="Pack samples end to end, no padding (packing_mode). Default (None): on with CUDA, as rows of "
+        "exactly micro_batch_tokens tokens with varlen flash attention (one shape: compiled once, never again); "
+        "off on CPU (padded micro-batches).",
+    )
     # with --compile: the fraction of activations the compiled backward may keep; below 1, torch recomputes the
     # cheapest ones (norms, activations) instead of storing them: less memory, no full re-forward like checkpointing
     activation_memory_budget: float | None = Field(None, gt=0, le=1)
@@ -151,24 +159,41 @@ def _body_and_head(model: Any) -> tuple[Any, Any]:
     return body, head.weight
 
 
-def use_packing(model: Any, pack: bool, device: str) -> bool:
-    """Whether micro-batches are packed; on CUDA this switches the model to flex attention.
+PackMode = Literal["off", "rows", "static"]
+# How packed rows are compiled (benchmarks/bench_trainer.py compares the alternatives, results/trainer_gpu.md):
+# decoder layers one by one (the 24 layers share one graph: a first step of ~12 s instead of ~80-150 s for the
+# whole body, same speed), rows ending at their last sample with the width marked dynamic (no filler tokens).
+REGIONAL_COMPILE: bool | str = True  # True, "dynamic" (every dimension symbolic from the start) or False
+EXACT_ROWS = True
 
-    Packed rows carry restarting `position_ids` and no mask; transformers then confines attention to each sample.
-    With SDPA that takes a dense [L, L] mask: correct, and cheap for the short rows of a CPU run, but quadratic
-    in the row, so on CUDA packing switches the model to flex attention, whose block mask skips the blocks
-    between samples. Packing pays where rollout lengths vary; on equal lengths padded rows with SDPA's causal
-    kernel are faster (benchmarks/results/trainer_gpu.md)."""
-    if not pack or not device.startswith("cuda"):
-        return pack
+
+def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
+    """How micro-batches are laid out; on CUDA this also switches the model's attention.
+
+    - "off": padded rows, similar lengths together (the CPU default);
+    - "static" (the CUDA default): samples end to end in rows of exactly `micro_batch_tokens` tokens (the rest
+      is filler), attention confined to each sample by torch's varlen flash kernel (`atropos_varlen`). Every
+      micro-batch has one shape, so the compiled body compiles once, and no padding reaches the model;
+    - "rows" (CPU `--pack`, or CUDA where torch lacks varlen attention): samples end to end in rows as long as
+      they come; attention through transformers' packed-position mask (dense SDPA mask on CPU, flex on CUDA).
+    """
+    cuda = device.startswith("cuda")
+    if not (cuda if pack is None else pack):
+        return "off"
+    if not cuda:
+        return "rows"
+    model = lora.unwrap(model)
     try:
-        lora.unwrap(model).set_attn_implementation("flex_attention")
+        if flash_varlen() is not None:
+            use_varlen(model)
+            return "static"
+        model.set_attn_implementation("flex_attention")
     except (ValueError, ImportError, RuntimeError, AttributeError) as exc:
         raise ConfigError(
-            f"--pack needs flex attention on CUDA, which this model/torch refused: {exc}",
-            hint="drop --pack (padded micro-batches) or upgrade torch/transformers",
+            f"packing needs varlen or flex attention on CUDA, which this model/torch refused: {exc}",
+            hint="pass --no-pack (padded micro-batches) or upgrade torch/transformers",
         ) from None
-    return True
+    return "rows"
 
 
 class GRPOTrainer:
@@ -196,18 +221,22 @@ class GRPOTrainer:
             if self.is_lora:  # the embeddings are frozen: without this no gradient reaches a checkpointed block
                 self.model.enable_input_require_grads()
         self.model.train()
-        self.pack = use_packing(self.model, config.pack, self.device)
-        if config.compile and self.device.startswith("cuda"):
+        self.pack = packing_mode(self.model, config.pack, self.device)
+        self.static_shape = StaticShape.for_budget(config.micro_batch_tokens, config.max_len, EXACT_ROWS)
+        compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
+        if compile_on and self.device.startswith("cuda"):
             if config.activation_memory_budget is not None:
                 import torch._functorch.config as functorch_config
 
                 functorch_config.activation_memory_budget = config.activation_memory_budget
-            compile_body(lora.unwrap(self.model), _body_and_head(self.model)[0])
+            compile_body(lora.unwrap(self.model), _body_and_head(self.model)[0], REGIONAL_COMPILE)
         self.ref_model = None
         if self.loss_cfg.kl_beta > 0 and self.is_lora:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
         elif self.loss_cfg.kl_beta > 0:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
+            if self.pack == "static":  # the reference reads the same packed rows
+                use_varlen(self.ref_model)
         dtype = resolve_dtype(config.dtype, self.device)
         self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
         self.optimizer = self.precision.optimizer
@@ -220,7 +249,14 @@ class GRPOTrainer:
         body, head_weight = _body_and_head(model)
         # no KV cache: training never decodes, and with a cache transformers would not see the packing
         inputs: dict[str, Any] = {"input_ids": mb.input_ids, "use_cache": False}
-        if mb.packed:  # no mask: attention is kept within each sample by the restarting position ids
+        if mb.cu_seqlens is not None:  # static packing: varlen attention within the pieces cu_seqlens delimits
+            if self.static_shape.exact:  # one compiled graph for every row width
+                torch._dynamo.mark_dynamic(mb.input_ids, 1)
+                torch._dynamo.mark_dynamic(mb.position_ids, 1)
+            inputs["position_ids"] = mb.position_ids
+            inputs.update(cu_seq_lens_q=mb.cu_seqlens, cu_seq_lens_k=mb.cu_seqlens)
+            inputs.update(max_length_q=mb.max_doc_len, max_length_k=mb.max_doc_len)
+        elif mb.packed:  # no mask: attention is kept within each sample by the restarting position ids
             inputs["position_ids"] = mb.position_ids
         elif mb.padded:  # else no mask at all: attention takes the plain causal (flash) path
             inputs["attention_mask"] = mb.attention_mask
@@ -248,7 +284,7 @@ class GRPOTrainer:
         norm = Normaliser(len(prepared.samples), sum(s.num_trained for s in prepared.samples))
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
-        for mb in micro_batches(prepared.samples, cfg.micro_batch_tokens, self.pack):
+        for mb in self._micro_batches(prepared.samples):
             mb = mb.to(self.device)
             logp = self._logprobs(self.model, mb)
             ref = None
@@ -274,6 +310,7 @@ class GRPOTrainer:
             self.precision.after_backward()
             total_loss += loss.detach()
             stats.add("padded_tokens", mb.input_ids.numel())
+            stats.add("real_tokens", mb.real_tokens)
         grad_norm = self.precision.step(cfg.grad_clip)
         self.step_count += 1
         sums = stats.floats()  # the step's one host sync
@@ -287,6 +324,11 @@ class GRPOTrainer:
             "step_time_s": elapsed,
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,
         }
+
+    def _micro_batches(self, samples: list[Any]) -> list[Any]:
+        if self.pack == "static":
+            return static_micro_batches(samples, self.static_shape)
+        return micro_batches(samples, self.config.micro_batch_tokens, self.pack == "rows")
 
     def _set_lr(self) -> None:
         warm = self.config.warmup_steps
@@ -349,7 +391,8 @@ def _loss_metrics(sums: dict[str, float], norm: Normaliser) -> dict[str, Any]:
     tokens = max(sums.get("tokens", 0.0), 1.0)
     out = {
         "trained_tokens": int(sums.get("tokens", 0)),
-        "padded_tokens": int(sums.get("padded_tokens", 0)),
+        "padded_tokens": int(sums.get("padded_tokens", 0)),  # through the model, padding/filler included
+        "real_tokens": int(sums.get("real_tokens", 0)),
         "clip_fraction": sums.get("clipped_tokens", 0.0) / tokens,
         "ratio_mean": sums.get("ratio_sum", 0.0) / tokens,
     }
@@ -392,6 +435,7 @@ def train(
         now = time.perf_counter()
         # tokens/s of the whole loop (waiting for rollouts included), as opposed to train_tokens_per_s
         metrics["tokens_per_s"] = metrics.get("padded_tokens", 0) / max(now - last, 1e-9)
+        metrics["loop_s"] = now - last  # the whole step: waiting for rollouts, training, sync, checkpoint
         last = now
         on_step({"step": trainer.step_count, **metrics})
         if trainer.step_count >= trainer.config.steps:

@@ -64,7 +64,9 @@ class LocalSync:
         if model is None:
             raise AtroposError("the local inference backend exposes no .model to sync weights into")
         copy_weights(trainer.model, model)
-        return {"sync_s": time.perf_counter() - started}
+        generate_s = getattr(self.backend, "generate_s", 0.0)  # the engine's sampling time since the last step
+        self._generated, since = generate_s, generate_s - getattr(self, "_generated", 0.0)
+        return {"sync_s": time.perf_counter() - started, "generate_s": since}
 
 
 class CheckpointSync:

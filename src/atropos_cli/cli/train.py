@@ -129,11 +129,19 @@ def train_command(
         ),
     ] = "auto",
     device: Annotated[str, typer.Option(help="auto, cpu, cuda, cuda:1 ...")] = "auto",
-    compile: Annotated[bool, typer.Option("--compile", help="torch.compile the model body (GPU).")] = False,
+    compile: Annotated[
+        bool | None,
+        typer.Option("--compile/--no-compile", help="torch.compile the model body. Default: on with CUDA, off on CPU."),
+    ] = None,
     gradient_checkpointing: Annotated[bool, typer.Option(help="Recompute activations: less memory.")] = False,
     pack: Annotated[
-        bool, typer.Option("--pack", help="Pack samples end to end, no padding (CUDA: flex attention).")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--pack/--no-pack",
+            help="Pack samples end to end, no padding. Default: on with CUDA (rows of exactly "
+            "--micro-batch-tokens, varlen flash attention: compiled once), off on CPU.",
+        ),
+    ] = None,
     activation_memory_budget: Annotated[
         float | None, typer.Option(help="With --compile: fraction of activations kept (0-1]; the rest recomputed.")
     ] = None,

@@ -2,10 +2,11 @@
 
 Flow: `chat(messages, params)` renders the chat template and tokenizes (or `complete(prompt)` takes text or
 ids) -> a `_Job` goes to the `RequestBatcher` (`inference/batching.py`), which merges concurrent jobs into
-one batch -> `_run_jobs` expands each job into `n` rows and calls `sample_rows` (`inference/sampler.py`: a
-hand-written loop over the model's forward with a KV cache, left padding, per-row temperature / top-p / seed
-/ stop strings) -> `Generation` with prompt token ids, completion token ids and one logprob per completion
-token.
+one batch -> `_run_jobs` expands each job into `n` rows and samples them: on CUDA with the static engine
+(`inference/engine.py`: ring KV cache, CUDA-graph decode step, sampling on the GPU, continuous batching), on
+CPU (and for top-logprobs requests) with `sample_rows` (`inference/sampler.py`: a loop over the model's
+forward with a growing KV cache) -> `Generation` with prompt token ids, completion token ids and one logprob
+per completion token.
 
 Logprobs are what vLLM returns by default (`logprobs_mode="raw_logprobs"`): the log-softmax of the model's
 raw logits at each step, before temperature and top-p, evaluated at the sampled token. They therefore equal
@@ -19,6 +20,7 @@ two batches; `version` counts swaps. torch and transformers are imported only wh
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from atropos_cli.config import ServerConfig
 from atropos_cli.errors import ConfigError, InferenceError, ModelLoadError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.inference.batching import RequestBatcher
+from atropos_cli.inference.engine import StaticEngine, ring_length
 from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
 from atropos_cli.resources import resolve_model_path, shipped_models
 
@@ -167,6 +170,8 @@ class LocalBackend:
         self._state = load_model(config.model_name, config.device, config.dtype)
         self.device = str(self._state.model.device)
         set_cpu_threads(self._state.model, num_threads)
+        self._static: tuple[tuple[int, int, int], StaticEngine] | None = None
+        self.generate_s = 0.0  # seconds spent sampling (the one-command loop's generation share)
         self._batcher: RequestBatcher[_Job, list[RowResult]] = RequestBatcher(
             self._run_jobs, lambda job: job.params.n, max_batch_size=max_batch_size, max_wait_s=max_wait_s
         )
@@ -276,12 +281,28 @@ class LocalBackend:
                         top_logprobs=job.top_logprobs,
                     )
                 )
-        results = sample_rows(state.model, state.tokenizer, rows)
+        started = time.perf_counter()
+        if state.model.device.type == "cuda" and not any(r.top_logprobs for r in rows):
+            results = self._engine(state, rows).run(rows)
+        else:
+            results = sample_rows(state.model, state.tokenizer, rows)
+        self.generate_s += time.perf_counter() - started
         out, start = [], 0
         for job in jobs:
             out.append(results[start : start + job.params.n])
             start += job.params.n
         return out
+
+    def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
+        """The static engine for this batch: slots = the batch size rounded up to a power of two (at most
+        `max_batch_size`; more rows queue for free slots), ring length from the longest row. One is kept: a
+        new shape (or new weights object) builds a new one, whose CUDA graph is captured on first use."""
+        slots = min(self._batcher.max_batch_size, 1 << max(3, (len(rows) - 1).bit_length()))
+        key = (id(state.model), slots, ring_length(rows))
+        if self._static is None or self._static[0] != key:
+            self._static = None  # free the old ring cache and graph before allocating the new ones
+            self._static = (key, StaticEngine(state.model, state.tokenizer, slots, key[2]))
+        return self._static[1]
 
     # -- weights ---------------------------------------------------------------------------------------
     def reload(self, path: str) -> int:

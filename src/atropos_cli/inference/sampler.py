@@ -16,7 +16,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RowRequest", "RowResult", "sample_rows"]
+__all__ = ["RowRequest", "RowResult", "sample_rows", "eos_ids", "stop_cut", "cache_kwarg"]
 
 
 @dataclass
@@ -39,7 +39,7 @@ class RowResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
+def eos_ids(model: Any, tokenizer: Any) -> set[int]:
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if isinstance(configured, int):
@@ -49,7 +49,7 @@ def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-def _cache_kwarg(model: Any) -> str:
+def cache_kwarg(model: Any) -> str:
     # transformers 5 renamed `past_key_values` to `cache`; support both spellings.
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
@@ -98,6 +98,19 @@ def _prefill_inputs(rows: list[RowRequest], pad_id: int, device: Any) -> tuple[A
     return ids.to(device), mask.to(device), positions.to(device)
 
 
+def stop_cut(tokenizer: Any, row: RowRequest, tokens: list[int], new_from: int = 0) -> tuple[int, str] | None:
+    """Where a stop string first completes among `tokens[new_from:]`: (tokens kept, text before the stop), as
+    a check after every token would give; None when none does. One decode when no stop string appears."""
+    if not any(s and s in tokenizer.decode(tokens, skip_special_tokens=True) for s in row.stop):
+        return None
+    for j in range(max(new_from, 0), len(tokens)):
+        text = tokenizer.decode(tokens[: j + 1], skip_special_tokens=True)
+        hits = [text.find(s) for s in row.stop if s and s in text]
+        if hits:
+            return j + 1, text[: min(hits)]
+    return None
+
+
 def _stopped_by_string(tokenizer: Any, row: RowRequest, result: RowResult) -> bool:
     text = tokenizer.decode(result.token_ids, skip_special_tokens=True)
     hits = [text.find(s) for s in row.stop if s and s in text]
@@ -112,14 +125,14 @@ def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[RowR
     import torch
 
     device = model.device
-    eos = _eos_ids(model, tokenizer)
+    eos = eos_ids(model, tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else next(iter(eos), 0)
     generators = [torch.Generator(device=device).manual_seed(r.seed) for r in rows]
     results = [RowResult([], [], top_logprobs=[] if r.top_logprobs else None) for r in rows]
     active = [True] * len(rows)
     top_k = max(r.top_logprobs for r in rows)
     ids, mask, positions = _prefill_inputs(rows, pad_id, device)
-    cache, cache_kw = _new_cache(model), _cache_kwarg(model)
+    cache, cache_kw = _new_cache(model), cache_kwarg(model)
     extra = {cache_kw: cache}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         extra["logits_to_keep"] = 1  # the prefill only needs the last position's logits

@@ -1,0 +1,226 @@
+"""Rollout generation on a GPU: our local engine vs transformers `generate` (vLLM where installed), same model,
+same prompts, same card, same run; then the one-command loop's step split (generation / scoring / training).
+
+    python benchmarks/bench_generation.py --out benchmarks/results/generation_gpu.md
+    python benchmarks/bench_generation.py --tiny --device cpu --batches 4 --new-tokens 8 --no-loop   # smoke test
+
+Model: Qwen2.5-0.5B-shaped, random weights, bf16 (no download); prompts of 256 random token ids, 256 sampled
+tokens a row (no EOS: every row runs to its budget), temperature 1, top-p 1. Reported: completion tokens/s
+(one warm-up call per batch size first: graph capture / compilation excluded, reported separately).
+"ours" = `StaticEngine.run` (what `LocalBackend` uses on CUDA); "ours, loop" = the CPU path `sample_rows`.
+The loop split runs `atropos train arithmetic` on the same shape with a 384-token vocabulary (the shipped tiny
+tokenizer: 358M parameters) and reads `metrics.jsonl`: generate_s (sampling), step_time_s (the optimizer step),
+sync_s, and the rest of the step's wall time (env scoring, batching, the trainer's bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_trainer import qwen_config  # noqa: E402
+
+
+class IdTokenizer:
+    """Token ids as text (the benchmark's random model has no tokenizer); no EOS, so rows run to budget."""
+
+    eos_token_id = None
+    pad_token_id = 0
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return " ".join(map(str, ids))
+
+
+def build_model(tiny: bool, device: str, vocab: int | None = None):
+    from transformers import AutoModelForCausalLM
+
+    cfg = qwen_config(tiny)
+    if vocab is not None:
+        cfg.vocab_size = vocab
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
+    model = AutoModelForCausalLM.from_config(cfg, dtype=dtype, attn_implementation="sdpa").to(device).eval()
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def ours(model, prompts: list[list[int]], new: int, device: str) -> tuple[float, float, list]:
+    from atropos_cli.inference.engine import StaticEngine, ring_length
+    from atropos_cli.inference.sampler import RowRequest
+
+    rows = [RowRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=i) for i, p in enumerate(prompts)]
+    engine = StaticEngine(model, IdTokenizer(), len(rows), ring_length(rows))
+    started = time.perf_counter()
+    engine.run(rows)  # warm-up: CUDA graph capture, the sampler's compilation
+    _sync(device)
+    first = time.perf_counter() - started
+    started = time.perf_counter()
+    out = engine.run(rows)
+    _sync(device)
+    return sum(len(r.token_ids) for r in out) / (time.perf_counter() - started), first, out
+
+
+def ours_loop(model, prompts: list[list[int]], new: int, device: str) -> float:
+    from atropos_cli.inference.sampler import RowRequest, sample_rows
+
+    rows = [RowRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=i) for i, p in enumerate(prompts)]
+    started = time.perf_counter()
+    out = sample_rows(model, IdTokenizer(), rows)
+    _sync(device)
+    return sum(len(r.token_ids) for r in out) / (time.perf_counter() - started)
+
+
+def hf_generate(model, prompts: list[list[int]], new: int, device: str) -> float:
+    ids = torch.tensor(prompts, device=device)
+    kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": True, "temperature": 1.0, "top_p": 1.0}
+    with torch.inference_mode():
+        model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), **{**kwargs, "max_new_tokens": 4})
+        _sync(device)
+        started = time.perf_counter()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        _sync(device)
+    return (out.shape[1] - ids.shape[1]) * ids.shape[0] / (time.perf_counter() - started)
+
+
+def check_contract(model, device: str, vocab: int) -> list[str]:
+    """On the card itself: raw logprobs = a forward pass; a seeded row is the same in two calls and alone."""
+    from atropos_cli.inference.engine import StaticEngine, ring_length
+    from atropos_cli.inference.sampler import RowRequest
+
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(1, vocab, (n,), generator=gen).tolist() for n in (5, 17, 9, 30, 12, 3)]
+    rows = [
+        RowRequest(prompt_ids=p, max_new_tokens=24, temperature=0.8, top_p=0.9 if i % 2 else 1.0, seed=7 + i)
+        for i, p in enumerate(prompts)
+    ]
+    a = StaticEngine(model, IdTokenizer(), 4, ring_length(rows), sync_every=5).run(rows)
+    b = StaticEngine(model, IdTokenizer(), 8, ring_length(rows)).run(rows)
+    alone = StaticEngine(model, IdTokenizer(), 8, ring_length(rows[3:4])).run(rows[3:4])
+    worst = 0.0
+    for p, r in zip(prompts, a, strict=True):
+        with torch.inference_mode():
+            logits = model(torch.tensor([p + r.token_ids], device=device)).logits[0].float()
+        ref = torch.log_softmax(logits, -1)[len(p) - 1 : -1].gather(
+            1, torch.tensor(r.token_ids, device=device)[:, None]
+        )
+        worst = max(worst, float((ref[:, 0].cpu() - torch.tensor(r.logprobs)).abs().max()))
+    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+    return [
+        f"- logprobs vs a forward pass of prompt + completion: max |diff| {worst:.3g}",
+        f"- seeded rows, 4 slots vs 8 slots (rows queued vs all at once): {same}/{len(rows)} identical",
+        f"- seeded row alone vs batched: {'identical' if alone[0].token_ids == a[3].token_ids else 'differs'}",
+    ]
+
+
+def loop_split(args) -> list[str]:
+    """`atropos train arithmetic` on the 0.5B shape (tiny tokenizer's vocabulary), its metrics per step."""
+    from atropos_cli.inference.tokenizer import load_tokenizer
+    from atropos_cli.resources import resolve_model_path
+
+    work = Path(tempfile.mkdtemp(prefix="loop-"))
+    tokenizer = load_tokenizer(resolve_model_path("atropos-tiny-arith"))
+    model = build_model(args.tiny, "cpu", vocab=len(tokenizer))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.save_pretrained(work / "model")
+    tokenizer.save_pretrained(work / "model")
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    cmd = [
+        sys.executable, "-m", "atropos_cli.cli.app", "train", "arithmetic", "--model", str(work / "model"),
+        "--env.max_token_length", "256", "--steps", str(args.loop_steps), "--out", str(work / "run"), "--lr", "1e-6",
+    ]  # fmt: skip
+    started = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if proc.returncode:
+        return [f"loop failed ({proc.returncode}): {proc.stderr[-1500:]}"]
+    rows = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    lines = [
+        f"`atropos train arithmetic --model <0.5B shape, {params / 1e6:.0f}M params, random> --env.max_token_length "
+        f"256 --steps {args.loop_steps}` (defaults otherwise: 32 groups x 8 a step), {wall:.0f} s in all:",
+        "",
+        "| step | wall s | generation s | scoring + other s | training s | weight sync s | rollout tokens |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if "step_time_s" not in r:
+            continue
+        loop, gen, train, sync = (r.get(k, 0.0) for k in ("loop_s", "generate_s", "step_time_s", "sync_s"))
+        lines.append(
+            f"| {r['step']} | {loop:.2f} | {gen:.2f} | {loop - gen - train - sync:.2f} | {train:.2f} | {sync:.2f} "
+            f"| {r.get('padded_tokens', 0)} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batches", default="64,256,512")
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--old-loop-batches", default="64", help="batch sizes that also time sample_rows (slow)")
+    parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
+    parser.add_argument("--loop-steps", type=int, default=3)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+
+    model = build_model(args.tiny, args.device)
+    vocab = model.config.vocab_size
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    import transformers
+
+    lines = [
+        f"# generation benchmark: {name}, torch {torch.__version__}, transformers {transformers.__version__}",
+        f"Qwen2.5-0.5B-shaped, random weights, {model.dtype}; {args.prompt_tokens}-token prompts, "
+        f"{args.new_tokens} sampled tokens a row, temperature 1",
+        "",
+    ]
+    try:
+        import vllm  # noqa: F401
+
+        lines.append("vLLM is installed but not benchmarked by this script yet.")
+    except ImportError:
+        lines.append("vLLM: not installed on this machine (no row).")
+    lines += check_contract(model, args.device, vocab)
+    lines += [
+        "",
+        "| batch | ours tok/s | ours first call s | transformers generate tok/s | ours / generate | ours, loop tok/s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for batch in (int(b) for b in args.batches.split(",")):
+        gen = torch.Generator().manual_seed(batch)
+        prompts = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).tolist()
+        tps, first, _ = ours(model, prompts, args.new_tokens, args.device)
+        hf = hf_generate(model, prompts, args.new_tokens, args.device)
+        old = ours_loop(model, prompts, args.new_tokens, args.device) if str(batch) in args.old_loop_batches else None
+        lines.append(
+            f"| {batch} | {tps:,.0f} | {first:.1f} | {hf:,.0f} | {tps / hf:.1f}x | {f'{old:,.0f}' if old else '-'} |"
+        )
+        print(lines[-1], flush=True)
+    del model
+    if not args.no_loop:
+        lines += ["", *loop_split(args)]
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
