@@ -143,7 +143,10 @@ class JudgeEnv(SimpleEnv):
                 return parse(text), text
             except JudgeOutputError as exc:
                 error = exc
-        raise JudgeOutputError(f"{error.message} (after {config.judge_retries + 1} tries)")  # type: ignore[union-attr]
+        raise JudgeOutputError(
+            f"{error.message} (after {config.judge_retries + 1} tries)",  # type: ignore[union-attr]
+            hint="use a stronger judge model, or raise --env.judge_retries",
+        )
 
     async def _pointwise(self, item: dict[str, Any], texts: list[str]) -> tuple[list[Any], list[dict[str, Any]]]:
         rubric = self.config.rubric  # type: ignore[attr-defined]

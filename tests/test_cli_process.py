@@ -228,10 +228,24 @@ def test_ctrl_c_leaves_valid_files_and_resume_completes(tmp_path, fake_server):
     assert indices == list(range(400))
 
 
-@pytest.mark.parametrize("flag", ["--num-group", "--env.nope"])
-def test_unknown_flags_are_errors(flag, tmp_path):
-    result = invoke("arithmetic", "--out", str(tmp_path / "r"), flag, "3")
-    assert result.exit_code == 2 and "unknown" in result.output
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["arithmetic", "--num-group", "3"], ["No such option: --num-group", "--num-groups"]),
+        (["--num-grups", "3"], ["No such option: --num-grups", "--num-groups"]),  # not "unknown env '--num-grups'"
+        (["arithmetic", "--env.nope", "3"], ["unknown env option 'nope'"]),
+        (["arithmetic", "--env.group_size"], ["env.group_size needs a value"]),  # bare: not silently 1
+        (["arithmetic", "--env.group_size", "--concurrency", "2"], ["env.group_size needs a value"]),
+        (["arithmetic", "--num-groups", "0"], ["--num-groups", "greater than or equal to 1"]),
+        (["arithmetic", "--num-groups", "-1"], ["--num-groups", "greater than or equal to 1"]),
+        (["arithmetic", "--env.total_steps", "0"], ["env.total_steps", "greater than or equal to 1"]),
+    ],
+)
+def test_unknown_missing_or_bad_flags_are_usage_errors(args, says, tmp_path):
+    result = invoke(*args, "--out", str(tmp_path / "r"))
+    assert result.exit_code == 2, result.output
+    assert all(s in result.output for s in says), result.output
+    assert not (tmp_path / "r").exists()
 
 
 def test_resume_reports_corrupt_lines_and_loses_nothing(tmp_path, fake_server):

@@ -116,7 +116,7 @@ def test_several_runs_are_labelled_by_source_in_one_page(tmp_path: Path, monkeyp
 def test_no_input_or_not_rollouts_fails_with_a_hint(tmp_path: Path, setup, message: str, hint: str) -> None:
     setup(tmp_path / "run")
     result = runner.invoke(app, ["view", str(tmp_path / "run")])
-    assert result.exit_code == 1
+    assert result.exit_code == 2  # an input error: the same code as every command's (errors.py)
     assert message in result.stderr and hint in result.stderr
     assert not (tmp_path / "run" / "index.html").exists()
 

@@ -26,8 +26,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
@@ -35,76 +33,12 @@ from . import lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import StaticShape, micro_batches, prepare, static_micro_batches
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .logprobs import DEFAULT_CHUNK, flat_token_logprobs
-from .losses import LOSS_NAMES, LossConfig, LossStats, Normaliser, distill_loss, loss_config, policy_loss
+from .config import GRPOConfig
+from .logprobs import flat_token_logprobs
+from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .precision import Dtype, Precision
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "packing_mode", "PackMode"]
-
-
-class GRPOConfig(BaseModel):
-    """Everything a run needs; saved as OUT/train_config.json and compared on --resume."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = "atropos-tiny-arith"
-    out: str = "runs/train"
-    loss: str = "grpo"
-    clip_low: float | None = None  # None: the preset's value
-    clip_high: float | None = None
-    kl_beta: float | None = None
-    distill_beta: float = Field(0.0, ge=0)  # on-policy distillation weight (losses.distill_loss)
-    kl_estimator: Literal["k1", "k3"] | None = None
-    is_mode: Literal["none", "truncate", "mask"] | None = None
-    is_max: float | None = None
-    is_min: float | None = None
-    scale_rewards: bool | None = None
-    dynamic_sampling: bool | None = None
-    max_completion_len: int = Field(1024, ge=1)
-    lr: float = Field(1e-5, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
-    grad_clip: float = Field(1.0, gt=0)
-    warmup_steps: int = Field(0, ge=0)
-    steps: int = Field(100, ge=1)
-    micro_batch_tokens: int = Field(8192, ge=16)
-    max_len: int = Field(2048, ge=2)
-    save_every: int = Field(50, ge=0)
-    keep_checkpoints: int = Field(2, ge=0)
-    seed: int = 0
-    device: str = "auto"
-    dtype: Dtype | Literal["auto"] = "auto"  # auto: bf16-pure on CUDA, fp32 on CPU
-    gradient_checkpointing: bool = False
-    compile: bool | None = Field(
-        None,
-        description="torch.compile the transformer body (attention.compile_body). Default (None): on with CUDA, "
-        "off on CPU.",
-    )
-    chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
-    pack: bool | None = Field(
-        None,
-        description="Pack samples end to end, no padding (packing_mode). Default (None): on with CUDA, as rows of "
-        "exactly micro_batch_tokens tokens with varlen flash attention (one shape: compiled once, never again); "
-        "off on CPU (padded micro-batches).",
-    )
-    # with --compile: the fraction of activations the compiled backward may keep; below 1, torch recomputes the
-    # cheapest ones (norms, activations) instead of storing them: less memory, no full re-forward like checkpointing
-    activation_memory_budget: float | None = Field(None, gt=0, le=1)
-    # LoRA (peft): r = 0 trains every weight; r > 0 trains only adapters on `lora_target_modules` (lora.py)
-    lora_r: int = 0
-    lora_alpha: int | None = None  # None: 2 * r
-    lora_dropout: float = 0.0
-    lora_target_modules: str = "all-linear"
-
-    def check_lora(self) -> None:
-        lora.check_lora(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
-
-    def loss_config(self) -> LossConfig:
-        if self.loss not in LOSS_NAMES:
-            raise ConfigError(f"unknown loss {self.loss!r}", hint="choose one of: " + ", ".join(LOSS_NAMES))
-        keys = ("clip_low", "clip_high", "kl_beta", "kl_estimator", "is_mode", "is_max", "is_min")
-        extra = {k: getattr(self, k) for k in (*keys, "scale_rewards", "dynamic_sampling")}
-        return loss_config(self.loss, max_completion_len=self.max_completion_len, **extra)
 
 
 def resolve_device(name: str) -> str:

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
+from .config import DEFAULT_CHUNK
+
 __all__ = ["flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
 
 MIXED_MM = True  # becomes False once torch.mm(..., out_dtype=float32) is found unsupported
-DEFAULT_CHUNK = 1024  # tokens per chunk: 1024 x 152k vocab x 4 bytes = 0.6 GB of fp32 logits
 FUSE = True  # torch.compile the per-chunk elementwise work on CUDA (set False to compare with eager)
 
 

@@ -38,7 +38,10 @@ def plot_reward_curve(out: Path, title: str | None = None) -> Path:
         ) from None
     rows = [r for r in read_metrics(out) if "reward_mean" in r]
     if not rows:
-        raise ConfigError(f"no steps with rewards in {str(out / 'metrics.jsonl')!r} to plot")
+        raise ConfigError(
+            f"no steps with rewards in {str(out / 'metrics.jsonl')!r} to plot",
+            hint="plot a run that trained at least one step",
+        )
     steps = [r["step"] for r in rows]
     rewards = [r["reward_mean"] for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)

@@ -14,17 +14,19 @@ import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from atropos_cli.config import config_diff
 from atropos_cli.errors import ConfigError, OutputExistsError
 
 from . import lora
 from .checkpoint import latest_checkpoint, read_trainer_state
-from .grpo import GRPOConfig, GRPOTrainer, train
+from .config import GRPOConfig, RunOptions
+from .grpo import GRPOTrainer, train
 from .metrics import MetricsSink
+from .sources import FileData
 
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
@@ -45,32 +47,7 @@ _RESUMABLE = {
 }
 
 
-class RunOptions(BaseModel):
-    """Where batches come from and how the run is wrapped (the GRPO knobs live in GRPOConfig)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    env: str | None = None
-    dotted_args: list[str] = Field(default_factory=list)
-    env_config_path: str | None = None
-    data: list[str] = Field(default_factory=list)
-    api_url: str | None = None
-    inference: Literal["local", "vllm", "external"] = "local"
-    sync_every: int = Field(1, ge=1)
-    vllm_python: str | None = None
-    vllm_port: int = 9001
-    vllm_timeout: float = 300.0
-    vllm_args: list[str] = Field(default_factory=list)
-    vllm_sync: Literal["reload", "restart", "auto"] = "auto"  # auto: reload in place when vLLM allows it
-    groups_per_step: int = Field(32, ge=1)  # 32 groups x 8: a steady gradient (measured on arithmetic)
-    epochs: int = Field(1, ge=1)
-    api_batch_size: int = Field(64, ge=1)
-    wait_timeout: float = Field(600.0, gt=0)
-    resume: bool = False
-    overwrite: bool = False
-    plot: bool = False
-    wandb_project: str | None = None
-    tensorboard: bool = False
+REWARD_WINDOW = 10  # the summary's reward A -> B compares the mean of the first and of the last this many steps
 
 
 class RunSummary(BaseModel):
@@ -78,9 +55,16 @@ class RunSummary(BaseModel):
     checkpoint: str | None
     interrupted: bool = False
     plot: str | None = None
-    first_reward: float | None = None
-    last_reward: float | None = None
+    first_reward: float | None = None  # mean over the first `reward_window` steps
+    last_reward: float | None = None  # mean over the last `reward_window` steps
+    reward_window: int = REWARD_WINDOW
     rollouts_failed: int = 0
+    max_len: int = 0  # the max_len the run used (capped at the model's positions)
+    truncated: int = 0  # rollouts cut to max_len
+    data_exhausted: bool = False  # --data ran out before `steps`
+    groups_available: int = 0  # --data: the groups read
+    groups_per_step: int = 0
+    epochs: int = 0
 
 
 def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
@@ -111,14 +95,15 @@ def _source(
     stack: ExitStack,
     on_event: Callable[[str], None] = lambda _: None,
 ):
-    """(batch iterator, after-step sync, rollouts or None) for the chosen mode."""
+    """(batch iterator, after-step sync, the env rollouts or the --data groups or None) for the chosen mode."""
     from .sources import api_batches, file_batches
     from .sync import CheckpointSync, LocalSync
 
     sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
     if opts.data:
-        return file_batches(opts.data, opts.groups_per_step, opts.epochs, config.seed), None, None
+        data = _load_data(opts, trainer, on_event)
+        return file_batches(data.groups, opts.groups_per_step, opts.epochs, config.seed), None, data
     if opts.api_url:
         sync = CheckpointSync(out, opts.sync_every) if opts.inference == "external" else None
         batches = api_batches(
@@ -126,7 +111,7 @@ def _source(
             api_key=os.environ.get("ATROPOS_API_KEY") or None,  # the API's bearer token, as `serve` reads it
             on_wait=on_event,
         )  # fmt: skip
-        return batches, sync, None
+        return _checked(batches, vocab_size(trainer.model), opts.api_url), sync, None
     from .rollouts import EnvRollouts
 
     server: dict[str, Any]
@@ -179,6 +164,62 @@ def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out
     )
 
 
+def vocab_size(model: Any) -> int:
+    """Rows of the model's input embedding: a token id must be below this."""
+    return int(model.get_input_embeddings().num_embeddings)
+
+
+def max_positions(model: Any) -> int | None:
+    """The model's max positions (None when its config does not say)."""
+    return getattr(lora.unwrap(model).config, "max_position_embeddings", None)
+
+
+def _load_data(opts: RunOptions, trainer: GRPOTrainer, on_event: Callable[[str], None]) -> Any:
+    """--data's groups, checked against the model's vocabulary; what was skipped is reported, never dropped."""
+    from .sources import MAX_WARNINGS, load_file_groups
+
+    data = load_file_groups(opts.data, vocab_size(trainer.model))
+    for bad in data.bad_records[:MAX_WARNINGS]:
+        on_event(f"warning: skipped {bad.location}: {bad.reason}")
+    skipped = []
+    if data.bad_records:
+        skipped.append(f"{len(data.bad_records)} corrupt records")
+    if data.no_tokens:
+        skipped.append(f"{data.no_tokens} groups without token ids")
+    note = f" (skipped {' and '.join(skipped)})" if skipped else ""
+    on_event(f"read {len(data.groups)} groups from --data{note}")
+    return data
+
+
+def _checked(batches: Any, vocab: int, url: str) -> Any:
+    from .sources import check_token_ids
+
+    for batch in batches:
+        for j, group in enumerate(batch):
+            check_token_ids(group, vocab, where=f"GET /batch group {j}", url=url)
+        yield batch
+
+
+def _cap_max_len(trainer: GRPOTrainer, on_event: Callable[[str], None]) -> None:
+    """Rollouts longer than the model's positions cannot train correctly: max_len never exceeds them."""
+    limit = max_positions(trainer.model)
+    if limit is not None and trainer.config.max_len > limit:
+        on_event(f"max_len {trainer.config.max_len} is over the model's {limit} positions: using {limit}")
+        trainer.config = trainer.config.model_copy(update={"max_len": limit})
+
+
+def _finish(summary: RunSummary, rewards: list[float], opts: RunOptions, config: GRPOConfig, source: Any) -> None:
+    if rewards:
+        window = min(REWARD_WINDOW, len(rewards))
+        summary.reward_window = window
+        summary.first_reward = sum(rewards[:window]) / window
+        summary.last_reward = sum(rewards[-window:]) / window
+    if isinstance(source, FileData):
+        summary.groups_available, summary.epochs = len(source.groups), opts.epochs
+        summary.groups_per_step = opts.groups_per_step
+        summary.data_exhausted = not summary.interrupted and summary.steps < config.steps
+
+
 def run_training(
     opts: RunOptions,
     config: GRPOConfig,
@@ -188,23 +229,25 @@ def run_training(
     out = Path(config.out)
     _prepare_out(out, opts, config)
     trainer = GRPOTrainer(config)
+    _cap_max_len(trainer, on_event)
     if trainer.is_lora:
         on_event(lora.describe(trainer.model))
     if opts.resume and (checkpoint := trainer.resume(out)) is not None:
         on_event(f"resumed from {checkpoint} (step {trainer.step_count})")
     rewards: list[float] = []
-    summary = RunSummary(steps=trainer.step_count, checkpoint=None)
+    summary = RunSummary(steps=trainer.step_count, checkpoint=None, max_len=trainer.config.max_len)
 
     def record(metrics: dict[str, Any]) -> None:
         if "reward_mean" in metrics:
             rewards.append(metrics["reward_mean"])
+        summary.truncated += metrics.get("truncated", 0)
         sink.write(metrics)
         on_step(metrics)
 
     with ExitStack() as stack:
         sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
-        batches, sync, rollouts = _source(opts, config, trainer, stack, on_event)
+        batches, sync, source = _source(opts, config, trainer, stack, on_event)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:
@@ -216,10 +259,9 @@ def run_training(
                 summary.checkpoint = str(latest)
             elif trainer.step_count > 0:
                 summary.checkpoint = str(trainer.save(out))
-            if rollouts is not None:
-                summary.rollouts_failed = rollouts.counts.failed_rollouts + rollouts.counts.failed_groups
-    if rewards:
-        summary.first_reward, summary.last_reward = rewards[0], rewards[-1]
+            if source is not None and not isinstance(source, FileData):  # the env rollouts
+                summary.rollouts_failed = source.counts.failed_rollouts + source.counts.failed_groups
+    _finish(summary, rewards, opts, config, source)
     if opts.plot and rewards:
         from .plot import plot_reward_curve
 

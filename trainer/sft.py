@@ -78,7 +78,9 @@ def _read_rows(path: Path) -> list[tuple[str, dict[str, Any]]]:
             try:
                 rows.append((f"{path}:{number}", json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+                raise RecordError(
+                    f"not valid JSON ({exc.msg})", hint="fix or delete that line", file=str(path), line=number
+                ) from None
     return rows
 
 
@@ -100,9 +102,15 @@ def _row_to_chat(where: str, row: dict[str, Any]) -> list[dict[str, Any]]:
             hint='write SFT data with `atropos sft-gen`, or give rows {"messages": [{role, content}, ...]}',
         )
     if not isinstance(chat, list) or not all(isinstance(m, dict) and "role" in m and "content" in m for m in chat):
-        raise RecordError(f"{where}: messages must be a list of {{role, content}} dicts, got {chat!r:.120}")
+        raise RecordError(
+            f"{where}: messages must be a list of {{role, content}} dicts, got {chat!r:.120}",
+            hint='write rows as sft-gen does: {"messages": [{"role": ..., "content": ...}, ...]}',
+        )
     if not any(m["role"] == "assistant" for m in chat):
-        raise RecordError(f"{where}: chat has no assistant message, so there is nothing to train on")
+        raise RecordError(
+            f"{where}: chat has no assistant message, so there is nothing to train on",
+            hint="drop that row, or build the data with `atropos sft-gen`",
+        )
     return chat
 
 

@@ -1,7 +1,8 @@
 """Where the trainer's batches come from when it does not make them itself: rollout files, or a trajectory API.
 
-Where it sits: `atropos train --data PATH` uses `file_batches` (offline GRPO on rollouts written by
-`atropos process`: each step takes the next `groups_per_step` groups, reshuffled each epoch with the seed);
+Where it sits: `atropos train --data PATH` uses `load_file_groups` + `file_batches` (offline GRPO on rollouts
+written by `atropos process`; corrupt records are counted and reported; each step takes the next
+`groups_per_step` groups, reshuffled each epoch with the seed);
 `atropos train --api-url URL` uses `api_batches`, the trainer side of `atropos_cli.api.client` (`POST /register`
 once, then `GET /batch` in a loop), one batch = one optimizer step. It polls while the API has no batch yet, and
 gives up with a clear error after `wait_timeout` seconds without data, so a dead env never leaves the trainer
@@ -13,35 +14,70 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from atropos_cli.api.client import TrainerRegistration, iter_batches
-from atropos_cli.errors import AtroposError, RecordError
+from atropos_cli.errors import ApiWaitTimeout, RecordError
 from atropos_cli.formats.reader import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["file_batches", "api_batches", "ApiWaitTimeout"]
+__all__ = ["FileData", "load_file_groups", "check_token_ids", "file_batches", "api_batches", "ApiWaitTimeout"]
 
 
-class ApiWaitTimeout(AtroposError):
-    """The trajectory API served no batch for too long."""
+MAX_WARNINGS = 10  # bad records printed one by one; the rest are counted
+
+
+@dataclass
+class FileData:
+    """The groups of `--data` and what was skipped on the way: nothing is dropped without being counted."""
+
+    groups: list[ScoredGroup] = field(default_factory=list)
+    bad_records: list[BadRecord] = field(default_factory=list)  # corrupt lines/rows (JSON, shapes, NaN scores)
+    no_tokens: int = 0  # valid groups without token ids (nothing to train on)
+
+
+def load_file_groups(inputs: list[str], vocab_size: int | None = None) -> FileData:
+    """Every group of the files; corrupt records and groups without token ids are counted, and a token id
+    outside the model's vocabulary is a RecordError naming the file and group (before any step runs)."""
+    paths = expand_inputs(inputs)
+    data = FileData()
+    for sourced in iter_groups(paths, on_bad=data.bad_records.append):
+        if not sourced.group.has_tokens:
+            data.no_tokens += 1
+            continue
+        if vocab_size is not None:
+            check_token_ids(sourced.group, vocab_size, file=sourced.source, where=f"group {sourced.index}")
+        data.groups.append(sourced.group)
+    if not data.groups:
+        raise RecordError(
+            f"no groups with token ids in {', '.join(map(str, paths))!r}"
+            + (f" ({len(data.bad_records)} corrupt records skipped)" if data.bad_records else ""),
+            hint="write rollouts with a tokenizer (atropos process sets tokens when the model has one)",
+        )
+    return data
+
+
+def check_token_ids(
+    group: ScoredGroup, vocab_size: int, *, where: str, file: str | None = None, url: str | None = None
+) -> None:
+    """Token ids must index the model's embedding: 0 <= id < vocab_size."""
+    for i, tokens in enumerate(group.tokens):
+        if tokens and (min(tokens) < 0 or max(tokens) >= vocab_size):
+            bad = min(tokens) if min(tokens) < 0 else max(tokens)
+            raise RecordError(
+                f"{where}, rollout {i}: token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})",
+                hint="train the model whose tokenizer wrote these rollouts (--model), or re-run `atropos process` "
+                "with this model's tokenizer",
+                file=file,
+                url=url,
+            )
 
 
 def file_batches(
-    inputs: list[str],
-    groups_per_step: int,
-    epochs: int,
-    seed: int,
-    on_bad: Callable[[BadRecord], None] | None = None,
+    groups: list[ScoredGroup], groups_per_step: int, epochs: int, seed: int
 ) -> Iterator[list[ScoredGroup]]:
-    """Groups of the files, `groups_per_step` at a time, for `epochs` passes (reshuffled each pass)."""
-    paths = expand_inputs(inputs)
-    groups = [g.group for g in iter_groups(paths, on_bad=on_bad) if g.group.has_tokens]
-    if not groups:
-        raise RecordError(
-            f"no groups with token ids in {', '.join(map(str, paths))!r}",
-            hint="write rollouts with a tokenizer (atropos process sets tokens when the model has one)",
-        )
+    """`groups`, `groups_per_step` at a time, for `epochs` passes (reshuffled each pass)."""
     rng = random.Random(seed)
     for _ in range(epochs):
         order = list(range(len(groups)))

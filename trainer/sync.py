@@ -62,7 +62,10 @@ class LocalSync:
         if model is None:  # LocalBackend keeps its model in the state it swaps atomically on reload()
             model = getattr(getattr(self.backend, "_state", None), "model", None)
         if model is None:
-            raise AtroposError("the local inference backend exposes no .model to sync weights into")
+            raise AtroposError(
+                "the local inference backend exposes no .model to sync weights into",
+                hint="use --inference local with a transformers model, or --inference vllm/external",
+            )
         copy_weights(trainer.model, model)
         generate_s = getattr(self.backend, "generate_s", 0.0)  # the engine's sampling time since the last step
         self._generated, since = generate_s, generate_s - getattr(self, "_generated", 0.0)
@@ -111,6 +114,7 @@ class CheckpointSync:
             return None
         if response.status_code >= 400:
             raise AtroposError(
-                f"{self.reload_url} refused the new weights: HTTP {response.status_code} {response.text[:200]!r}"
+                f"{self.reload_url} refused the new weights: HTTP {response.status_code} {response.text[:200]!r}",
+                hint="check that the inference server was started on the same model (its log says why)",
             )
         return response.json().get("version")

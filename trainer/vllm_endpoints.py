@@ -20,18 +20,9 @@ from typing import Any
 
 import httpx
 
-from atropos_cli.errors import InferenceError
+from atropos_cli.errors import EndpointError
 
 __all__ = ["VLLMEndpoints", "EndpointError"]
-
-
-class EndpointError(InferenceError):
-    """One endpoint call failed: `endpoint` and `status` (None when the server could not be reached)."""
-
-    def __init__(self, endpoint: str, status: int | None, detail: str) -> None:
-        shown = f"HTTP {status}" if status is not None else "no response"
-        super().__init__(f"{endpoint} failed: {shown} {detail!r}")
-        self.endpoint, self.status, self.detail = endpoint, status, detail
 
 
 class VLLMEndpoints:

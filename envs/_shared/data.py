@@ -56,7 +56,9 @@ def load_local_records(path: str | Path) -> list[dict[str, Any]]:
     if suffix == ".json":
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, list) or not all(isinstance(row, dict) for row in data):
-            raise ConfigError(f"{path}: a .json data file must hold a list of objects")
+            raise ConfigError(
+                f"{path}: a .json data file must hold a list of objects", hint="or use .jsonl, one object a line"
+            )
         return data
     raise ConfigError(
         f"data file {str(path)!r} has an unsupported suffix {suffix!r}",
@@ -72,9 +74,16 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            raise ConfigError(
+                f"not valid JSON ({exc.msg})", hint="fix or delete that line", file=str(path), line=lineno
+            ) from None
         if not isinstance(row, dict):
-            raise ConfigError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            raise ConfigError(
+                f"expected a JSON object, got {type(row).__name__}",
+                hint="each line holds one item as a JSON object",
+                file=str(path),
+                line=lineno,
+            )
         rows.append(row)
     return rows
 

@@ -8,16 +8,12 @@ from __future__ import annotations
 
 import re
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import JudgeOutputError
 
 __all__ = ["JudgeOutputError", "pointwise_prompt", "pairwise_prompt", "parse_score", "parse_verdict", "pair_scores"]
 
 _SCORE = re.compile(r"SCORE:\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
 _VERDICT = re.compile(r"VERDICT:\s*\**\s*\[*\s*(A|B|TIE)\b", re.IGNORECASE)
-
-
-class JudgeOutputError(AtroposError):
-    """The judge's answer had no parseable score or verdict (after the retries)."""
 
 
 def pointwise_prompt(rubric: str, prompt: str, response: str) -> str:
@@ -40,7 +36,9 @@ def parse_score(text: str) -> float:
     """The last `SCORE: N` as a value in [0, 1] (N / 10); JudgeOutputError when missing or out of range."""
     found = _SCORE.findall(text)
     if not found or not 0 <= float(found[-1]) <= 10:
-        raise JudgeOutputError(f"judge output has no 'SCORE: N' (0-10): {text[-120:]!r}")
+        raise JudgeOutputError(
+            f"judge output has no 'SCORE: N' (0-10): {text[-120:]!r}", hint="the judge model ignored the format"
+        )
     return float(found[-1]) / 10
 
 
@@ -48,7 +46,9 @@ def parse_verdict(text: str) -> str:
     """'A', 'B' or 'TIE' from the last `VERDICT:` line; JudgeOutputError when missing."""
     found = _VERDICT.findall(text)
     if not found:
-        raise JudgeOutputError(f"judge output has no 'VERDICT: A|B|TIE': {text[-120:]!r}")
+        raise JudgeOutputError(
+            f"judge output has no 'VERDICT: A|B|TIE': {text[-120:]!r}", hint="the judge model ignored the format"
+        )
     return found[-1].upper()
 
 

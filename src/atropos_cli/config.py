@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,6 +28,7 @@ __all__ = [
     "resolve_config",
     "config_diff",
     "validate_model",
+    "validate_keys",
 ]
 
 NAMESPACES = ("env", "openai", "teacher")  # teacher: the distillation teacher's server (TeacherDistillationEnv)
@@ -76,7 +77,7 @@ class EnvConfig(BaseModel):
     tokenizer_name: str | None = None
     use_wandb: bool = False
     rollout_server_url: str = "http://localhost:8000"
-    total_steps: int = 1000
+    total_steps: int = Field(1000, ge=1)
     wandb_name: str | None = None
     num_rollouts_to_keep: int = 32
     num_rollouts_per_group_for_logging: int = 1
@@ -150,7 +151,7 @@ def parse_dotted_flags(args: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """Read an Atropos-layout YAML config; top-level keys other than env/openai/slurm/testing are errors."""
+    """Read an Atropos-layout YAML config (plus `train:`, read by `atropos train`); other top-level keys are errors."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist", hint="pass --config PATH to a YAML file")
@@ -158,11 +159,18 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: not valid YAML ({getattr(exc, 'problem', exc)})") from None
+        raise ConfigError(
+            f"not valid YAML ({getattr(exc, 'problem', exc)})",
+            hint="fix the YAML at that line (indentation, a missing ':' or quote)",
+            file=str(path),
+            line=mark.line + 1 if mark else None,
+        ) from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping with 'env:' and 'openai:' keys, got {type(data).__name__}")
-    allowed = (*NAMESPACES, "slurm", "testing", "env_name")
+        raise ConfigError(
+            f"{path}: expected a mapping with 'env:' and 'openai:' keys, got {type(data).__name__}",
+            hint="see examples/ for a config in Atropos' layout",
+        )
+    allowed = (*NAMESPACES, "train", "slurm", "testing", "env_name")
     for key in data:
         if key not in allowed:
             raise ConfigError(f"{path}: unknown top-level key {key!r}", hint=_did_you_mean(key, allowed))
@@ -176,12 +184,34 @@ def _did_you_mean(key: str, choices: Sequence[str]) -> str:
     return "allowed: " + ", ".join(sorted(choices))
 
 
-def validate_model(model_cls: type[BaseModel], values: Mapping[str, Any], where: str) -> BaseModel:
-    """Build `model_cls` from `values`, turning unknown keys and bad values into one-line ConfigErrors."""
-    known = set(model_cls.model_fields)
+def validate_keys(values: Mapping[str, Any], known: Iterable[str], where: str) -> None:
+    """Unknown keys are errors with a did-you-mean hint, never silently ignored."""
+    known = sorted(known)
     for key in values:
         if key not in known:
-            raise ConfigError(f"unknown {where} option {key!r}", hint=_did_you_mean(key, sorted(known)))
+            raise ConfigError(f"unknown {where} option {key!r}", hint=_did_you_mean(key, known))
+
+
+def _accepts_bool(annotation: Any) -> bool:
+    return annotation is bool or annotation is Any or bool in get_args(annotation)
+
+
+def _check_no_bare_flags(model_cls: type[BaseModel], values: Mapping[str, Any], where: str) -> None:
+    """A bare `--env.group_size` (value forgotten) parses as True; only a boolean field may take that."""
+    for key, value in values.items():
+        if isinstance(value, bool) and not _accepts_bool(model_cls.model_fields[key].annotation):
+            raise ConfigError(
+                f"{where}.{key} needs a value, got {str(value).lower()!r}",
+                hint=f"write --{where}.{key} VALUE (a bare dotted flag means true, for yes/no options only)"
+                if where in NAMESPACES
+                else f"give {key} a {model_cls.model_fields[key].annotation} value",
+            )
+
+
+def validate_model(model_cls: type[BaseModel], values: Mapping[str, Any], where: str) -> Any:
+    """Build `model_cls` from `values`, turning unknown keys and bad values into one-line ConfigErrors."""
+    validate_keys(values, model_cls.model_fields, where)
+    _check_no_bare_flags(model_cls, values, where)
     try:
         return model_cls.model_validate(dict(values))
     except ValidationError as exc:
@@ -189,7 +219,8 @@ def validate_model(model_cls: type[BaseModel], values: Mapping[str, Any], where:
         loc = ".".join(str(p) for p in err["loc"])
         raise ConfigError(
             f"bad value for {where}.{loc}: {err.get('input')!r} ({err['msg']})",
-            hint=f"see the defaults with `atropos process --help`; {where}.{loc} is {err['type']}",
+            hint=f"see the defaults with `atropos {'train' if where == 'train' else 'process'} --help`; "
+            f"{where}.{loc} is {err['type']}",
         ) from None
 
 
@@ -200,7 +231,10 @@ def _servers_from(raw: Any, where: str) -> list[dict[str, Any]]:
         return [raw]
     if isinstance(raw, list) and all(isinstance(s, dict) for s in raw):
         return list(raw)
-    raise ConfigError(f"{where}: 'openai' must be a mapping or a list of mappings, got {type(raw).__name__}")
+    raise ConfigError(
+        f"{where}: 'openai' must be a mapping or a list of mappings, got {type(raw).__name__}",
+        hint="write openai: {base_url: ..., model_name: ...} or a list of such mappings",
+    )
 
 
 def resolve_config(
@@ -217,7 +251,7 @@ def resolve_config(
     env_values = env_defaults.model_dump()
     yaml_env = yaml_data.get("env") or {}
     if not isinstance(yaml_env, dict):
-        raise ConfigError("config 'env' must be a mapping of env options")
+        raise ConfigError("config 'env' must be a mapping of env options", hint="write env: {group_size: 8, ...}")
     env_values.update(yaml_env)
     env_values.update(cli_env)
     env_config = validate_model(env_cls, env_values, "env")

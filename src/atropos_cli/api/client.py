@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atropos_cli.errors import AtroposError, RecordError
+from atropos_cli.errors import ApiRequestError, ApiUnavailableError, AtroposError, BadResponseError, RecordError
 from atropos_cli.formats.reader import SourcedGroup
 from atropos_cli.retry import Backoff, parse_retry_after
 from atropos_cli.types import ScoredGroup, describe_validation_error
@@ -48,16 +48,7 @@ _UNREACHABLE_HINT = "start it with `atropos api` (or Atropos' `run-api`) and che
 _AUTH_HINT = "pass the API's key with --api-key (or set ATROPOS_API_KEY)"
 
 
-class ApiRequestError(AtroposError):
-    """The API refused a request (4xx): retrying the same request cannot help."""
-
-    def __init__(self, message: str, status: int, hint: str | None = None) -> None:
-        super().__init__(message, hint)
-        self.status = status
-
-
-class ApiUnavailableError(AtroposError):
-    """The API could not be reached (or stayed busy) for longer than the client's `max_wait_s`."""
+_NOT_AN_API_HINT = "is --api-url a trajectory API (`atropos api`, or Atropos' run-api)?"
 
 
 class TrainerRegistration(BaseModel):
@@ -275,17 +266,36 @@ def iter_batches(
 
 
 class ApiSourceOptions(BaseModel):
-    """Where `sft-gen` / `dpo-gen --api-url` pull groups from, registered as a trainer of this shape."""
+    """Where `sft-gen` / `dpo-gen --api-url` pull groups from, registered as a trainer of this shape (their
+    `--api-url` options are generated from these fields: the docstrings are the help texts)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True)
 
     url: str
+    """Pull groups from a live trajectory API as a trainer would."""
     api_key: str | None = None
-    batch_size: int = 16
-    max_token_len: int = 2048
-    num_steps: int = 1000
-    idle_timeout: float = 30.0
-    poll_interval: float = 1.0
+    """Key for --api-url."""
+    group_size: int = Field(2, ge=1)
+    """With --api-url: group size used for the registered batch size (Atropos' flag)."""
+    tasks_per_step: int = Field(64, ge=1)
+    """With --api-url: groups per batch; registered batch size = group_size x tasks_per_step (Atropos' flag)."""
+    max_token_len: int = Field(2048, ge=1)
+    """Max token length registered with the API."""
+    num_steps: int = Field(1000, ge=1)
+    """With --api-url: steps registered with the API (Atropos' flag)."""
+    idle_timeout: float = Field(30.0, gt=0)
+    """With --api-url: stop after this many seconds without data."""
+    poll_interval: float = Field(1.0, gt=0)
+    """With --api-url: seconds between GET /batch polls while the queue is empty."""
     reset: bool = False
-    timeout: float = 30.0
+    """With --api-url: wipe the API's queue first (GET /reset_data)."""
+    timeout: float = Field(30.0, gt=0)
+    """With --api-url: seconds one HTTP request may take."""
+
+    @property
+    def batch_size(self) -> int:
+        """Sequences per batch, as Atropos' tools register it."""
+        return self.group_size * self.tasks_per_step
 
 
 def iter_api_groups(options: ApiSourceOptions, *, on_bad: OnBad | None = None) -> Iterator[SourcedGroup]:
@@ -333,12 +343,18 @@ def _valid_groups(raw: list[dict[str, Any]], source: str, first: int, on_bad: On
 
 def _batch_of(payload: Any) -> list[dict[str, Any]] | None:
     if not isinstance(payload, dict):
-        raise RecordError(f"GET /batch returned {type(payload).__name__}, expected a JSON object")
+        raise BadResponseError(
+            f"GET /batch returned {type(payload).__name__}, expected a JSON object", hint=_NOT_AN_API_HINT
+        )
     if payload.get("status") == "error":
-        raise RecordError(f"the trajectory API refused GET /batch: {payload.get('message')!r}")
+        raise ApiRequestError(
+            f"the trajectory API refused GET /batch: {payload.get('message')!r}", 400, hint="see the API's log"
+        )
     batch = payload.get("batch")
     if batch is not None and not isinstance(batch, list):
-        raise RecordError(f"GET /batch returned batch={type(batch).__name__}, expected a list or null")
+        raise BadResponseError(
+            f"GET /batch returned batch={type(batch).__name__}, expected a list or null", hint=_NOT_AN_API_HINT
+        )
     return batch or None
 
 

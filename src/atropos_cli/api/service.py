@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 from atropos_cli.api.metrics import ApiMetrics, QueueGauges
 from atropos_cli.api.queue import BatchQueue, EnvSlot, QueuedGroup
 from atropos_cli.api.store import GROUP_BUFFERED, GROUP_QUEUED, Store
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import ApiBusy, ApiConflict, ApiInvalid, ApiNotFound
 
 __all__ = [
     "ApiSettings", "ApiService", "ApiBusy", "ApiConflict", "ApiNotFound", "ApiInvalid", "Registration", "RegisterEnv",
@@ -60,22 +60,6 @@ class RegisterEnv(BaseModel):
     group_size: int = Field(ge=1)
     min_batch_allocation: float | None = Field(None, ge=0, le=1)
     """The share of every batch reserved for this env (a fraction of batch_size)."""
-
-
-class ApiBusy(AtroposError):
-    """The queue is full: the client should retry later (HTTP 503 + Retry-After)."""
-
-
-class ApiConflict(AtroposError):
-    """The request is valid but the server is not in a state to accept it (HTTP 409)."""
-
-
-class ApiNotFound(AtroposError):
-    """An id that does not exist (HTTP 404)."""
-
-
-class ApiInvalid(AtroposError):
-    """A well-formed request that this run can never serve, e.g. a group larger than the batch (HTTP 422)."""
 
 
 @dataclass

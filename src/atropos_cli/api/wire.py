@@ -15,18 +15,10 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from atropos_cli.api.service import IngestItem
+from atropos_cli.errors import WireError
 from atropos_cli.types import ScoredGroup
 
 __all__ = ["WireError", "check_length", "inflate", "parse_json", "parse_model", "to_ingest_item"]
-
-
-class WireError(Exception):
-    def __init__(self, status: int, message: str, reason: str, hint: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.reason = reason
-        self.hint = hint
 
 
 def check_length(content_length: str | None, limit: int) -> None:

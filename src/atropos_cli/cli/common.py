@@ -1,37 +1,100 @@
-"""What every command shares: the console, turning library errors into `error:`/`hint:` lines and exit codes."""
+"""What every command shares: the console, turning library errors into `error:`/`hint:` lines and exit codes
+(the table is in `atropos_cli.errors`), and the parsing of Atropos-style dotted flags beside the typed ones."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperOption
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, AtroposError
 
-__all__ = ["console", "err_console", "fail", "cli_errors"]
+__all__ = ["console", "err_console", "fail", "warn", "cli_errors", "DottedCommand", "DOTTED_NAMESPACES"]
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
+DOTTED_NAMESPACES = ("env", "openai")  # = config.NAMESPACES; not imported here: pydantic would slow --help
 
 
-def fail(message: str, hint: str | None = None, code: int = 1) -> typer.Exit:
-    """Print a one-line error (and hint) to stderr and return the Exit to raise."""
+def fail(message: str, hint: str | None = None, code: int = EXIT_RUNTIME) -> typer.Exit:
+    """Print a one-line error (and hint) to stderr and return the Exit to raise (pass code=EXIT_USAGE for a usage
+    error; library code raises an `AtroposError` instead, which carries its own code)."""
     err_console.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
     if hint:
         err_console.print(f"[yellow]hint:[/] {hint}", markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
+def warn(message: str) -> None:
+    err_console.print(f"[yellow]warning:[/] {message}", markup=True, soft_wrap=True)
+
+
 @contextmanager
 def cli_errors() -> Iterator[None]:
-    """Run a command body; an AtroposError becomes a printed error with its exit code, Ctrl-C exits 130."""
+    """Run a command body: an AtroposError becomes `error:`/`hint:` lines and its exit code, Ctrl-C exits 130,
+    and any other exception one `internal error` line (ATROPOS_DEBUG=1 shows the traceback)."""
     try:
         yield
     except AtroposError as exc:
-        raise fail(exc.message, exc.hint, exc.exit_code) from None
+        raise fail(exc.text, exc.hint, exc.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("interrupted", style="yellow")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:
+        if _is_cli_exit(exc) or os.environ.get("ATROPOS_DEBUG"):
+            raise
+        raise fail(
+            f"internal error: {type(exc).__name__}: {exc}",
+            hint="this is a bug in atropos; rerun with ATROPOS_DEBUG=1 for the traceback and report it",
+            code=EXIT_RUNTIME,
+        ) from None
+
+
+def _is_cli_exit(exc: BaseException) -> bool:
+    """typer.Exit/Abort and click's usage errors (Typer may carry its own copy of click: matched by name)."""
+    return isinstance(exc, typer.Exit | typer.Abort) or any(c.__name__ == "ClickException" for c in type(exc).__mro__)
+
+
+def _dotted(token: str) -> bool:
+    namespace, dot, field = token[2:].partition("=")[0].partition(".")
+    return token.startswith("--") and bool(dot) and namespace in DOTTED_NAMESPACES and bool(field)
+
+
+class DottedCommand(TyperCommand):
+    """A command whose own options parse strictly (an unknown `--flag` is a usage error with a did-you-mean),
+    while Atropos-style `--env.<field> V` / `--openai.<field> V` flags are set aside into `ctx.args`."""
+
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+        takes_value = {
+            name: p.nargs
+            for p in self.params
+            if isinstance(p, TyperOption) and not p.is_flag and not p.count
+            for name in p.opts
+        }
+        rest: list[str] = []
+        dotted: list[str] = []
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                rest.extend(args[i:])
+                break
+            if _dotted(token):
+                dotted.append(token)
+                if "=" not in token and i + 1 < len(args) and not args[i + 1].startswith("--"):
+                    dotted.append(args[i + 1])
+                    i += 1
+            elif token in takes_value:  # `--opt value`: the value is never a dotted flag, whatever it looks like
+                rest.extend(args[i : i + 1 + takes_value[token]])
+                i += takes_value[token]
+            else:
+                rest.append(token)
+            i += 1
+        super().parse_args(ctx, rest)
+        ctx.args = dotted
+        return ctx.args

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 from rich.text import Text
 
-from atropos_cli.cli.common import cli_errors, console, err_console, fail
+from atropos_cli.cli.common import DottedCommand, cli_errors, console, err_console, fail
 
 ENV_HELP = "Env: a bundled name (see `atropos envs`), an installed entry point, or a path file.py[:Class]."
 DOTTED_HELP = (
@@ -159,6 +159,6 @@ def _fmt(value: float | None, count: bool = False) -> str:
 def register(app: typer.Typer) -> None:
     app.command(
         "evaluate",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        cls=DottedCommand,
         epilog=DOTTED_HELP,
     )(evaluate_command)

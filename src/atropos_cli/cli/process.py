@@ -10,7 +10,7 @@ import typer
 from rich.progress import BarColumn, Progress, ProgressColumn, Task, TextColumn, TimeRemainingColumn
 from rich.text import Text
 
-from atropos_cli.cli.common import cli_errors, console, err_console, fail
+from atropos_cli.cli.common import DottedCommand, cli_errors, console, err_console, fail
 
 ENV_HELP = "Env: a bundled name (see `atropos envs`), an installed entry point, or a path file.py[:Class]."
 DOTTED_HELP = (
@@ -49,7 +49,7 @@ def process_command(
     ctx: typer.Context,
     env: Annotated[str, typer.Argument(help=ENV_HELP)] = "arithmetic",
     out: Annotated[Path | None, typer.Option("--out", help="Run directory (default: runs/<env>).")] = None,
-    num_groups: Annotated[int | None, typer.Option(help="Groups to collect (= --env.total_steps).")] = None,
+    num_groups: Annotated[int | None, typer.Option(min=1, help="Groups to collect (= --env.total_steps).")] = None,
     group_size: Annotated[int | None, typer.Option(help="Rollouts per group (= --env.group_size).")] = None,
     concurrency: Annotated[int, typer.Option(min=1, help="Groups in flight at once.")] = 32,
     base_url: Annotated[str | None, typer.Option(help="OpenAI-compatible server URL (= --openai.base_url).")] = None,
@@ -151,6 +151,6 @@ def _summarise(stats: Any, paths: Any) -> None:
 def register(app: typer.Typer) -> None:
     app.command(
         "process",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        cls=DottedCommand,
         epilog=DOTTED_HELP,
     )(process_command)

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from atropos_cli.cli.common import cli_errors, console, err_console, fail
+from atropos_cli.cli.common import DottedCommand, cli_errors, console, err_console, fail
 
 ENV_HELP = "Env: a bundled name (see `atropos envs`), an installed entry point, or a path file.py[:Class]."
 
@@ -74,7 +74,11 @@ def serve_command(
         except KeyboardInterrupt:
             if seen:
                 _summary(seen[0], api_url, "interrupted: ")
-            raise fail("interrupted: finished groups were sent or spilled (see above)", code=130) from None
+            raise fail(
+                "interrupted: finished groups were sent or spilled (see above)",
+                hint="run the same command again to continue",
+                code=130,
+            ) from None
         _summary(stats, api_url)
 
 
@@ -89,5 +93,5 @@ def _summary(stats: Any, api_url: str, prefix: str = "") -> None:
 def register(app: typer.Typer) -> None:
     app.command(
         "serve",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        cls=DottedCommand,
     )(serve_command)

@@ -19,8 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
-from pydantic import BaseModel, Field
-
+from atropos_cli.datagen.options import DpoOptions, SelectOptions, SftOptions
 from atropos_cli.datagen.samples import Provenance, Sample, Sourced, decode_sample, provenance_of, split_messages
 from atropos_cli.errors import RecordError
 from atropos_cli.types import Message
@@ -50,28 +49,6 @@ class DropReason(str, Enum):
     TOO_LONG = "too long"
     UNPARSEABLE = "unparseable"
     LIMIT = "over --num-seqs-to-save"
-
-
-class SelectOptions(BaseModel):
-    """Filters shared by SFT and DPO selection (Atropos' flags plus ours)."""
-
-    allow_negative_scores: bool = False
-    minimum_score_diff_max_min: float = 0.0
-    min_score: float | None = None
-    max_token_len: int | None = Field(default=None, ge=1)
-    max_chars: int | None = Field(default=None, ge=1)
-    dedupe: bool = True
-    num_seqs_to_save: int | None = Field(default=None, ge=1)
-
-
-class SftOptions(SelectOptions):
-    save_top_n_per_group: int = Field(default=3, ge=1)
-
-
-class DpoOptions(SelectOptions):
-    minimum_score_diff_max_min: float = 0.5
-    save_n_pairs_per_group: int = Field(default=3, ge=1)
-    seed: int = 0
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos_cli.config import ServerConfig
-from atropos_cli.errors import ConfigError, InferenceError, ModelLoadError
+from atropos_cli.errors import BadRequestError, ConfigError, ModelLoadError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.inference.batching import RequestBatcher
 from atropos_cli.inference.engine import StaticEngine, ring_length
@@ -45,10 +45,6 @@ __all__ = [
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
-
-
-class BadRequestError(InferenceError):
-    """The request cannot be served as asked (prompt too long, no chat template, bad role): HTTP 400."""
 
 
 class LocalChoice(Choice):
@@ -211,7 +207,10 @@ class LocalBackend:
         try:
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except TemplateError as exc:
-            raise BadRequestError(f"the chat template rejected the messages: {exc}") from None
+            raise BadRequestError(
+                f"the chat template rejected the messages: {exc}",
+                hint="check the roles and order of the env's messages against the model's chat template",
+            ) from None
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams, top_logprobs: int = 0) -> Generation:
@@ -225,7 +224,10 @@ class LocalBackend:
             vocab = len(self.tokenizer)
             bad = [t for t in ids if not 0 <= t < vocab]
             if bad:
-                raise BadRequestError(f"prompt token id {bad[0]!r} is outside the vocabulary (0..{vocab - 1})")
+                raise BadRequestError(
+                    f"prompt token id {bad[0]!r} is outside the vocabulary (0..{vocab - 1})",
+                    hint="tokenize the prompt with this model's tokenizer",
+                )
         return await self._generate(ids, params, top_logprobs)
 
     async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int) -> Generation:

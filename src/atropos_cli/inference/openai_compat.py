@@ -22,39 +22,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from typing import Any, Literal
+from typing import Any
 
 import orjson
 
 from atropos_cli.config import ServerConfig
-from atropos_cli.errors import BadResponseError, InferenceError
+from atropos_cli.errors import BadResponseError, InferenceError, RetryableError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.retry import parse_retry_after
+
+_NOT_OPENAI_HINT = "is --openai.base_url an OpenAI-compatible /v1 endpoint (vLLM, SGLang, `atropos inference`)?"
 
 __all__ = ["OpenAICompatBackend", "RetryableError", "map_status_error", "parse_chat", "parse_completion"]
 
 # Servers whose OpenAI API returns token ids when asked with `return_token_ids`.
 _TOKEN_ID_SERVERS = ("vllm",)
 _EXTRA_FIELDS = ("logprobs", "return_token_ids", "token_ids", "top_logprobs")
-
-
-class RetryableError(InferenceError):
-    """A failure worth retrying (maybe on another server): 429, 5xx, a timeout, or no connection."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        url: str,
-        kind: Literal["connection", "timeout", "status"],
-        status: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.url = url
-        self.kind = kind
-        self.status = status
-        self.retry_after = retry_after
 
 
 class _StatusError(Exception):
@@ -244,7 +227,9 @@ def _json_body(content: bytes, url: str) -> dict[str, Any]:
             hint="is --openai.base_url pointing at an OpenAI-compatible server (ending in /v1)?",
         )
     if not all(isinstance(c, dict) for c in data["choices"]):
-        raise BadResponseError(f"inference server at {url!r} answered malformed choices: {str(data)[:200]!r}")
+        raise BadResponseError(
+            f"inference server at {url!r} answered malformed choices: {str(data)[:200]!r}", hint=_NOT_OPENAI_HINT
+        )
     return data
 
 
@@ -281,7 +266,9 @@ def parse_chat(data: dict[str, Any], url: str, model: str) -> Generation:
     for index, raw in enumerate(data["choices"]):
         message = raw.get("message")
         if not isinstance(message, dict):
-            raise BadResponseError(f"inference server at {url!r} answered a choice without a message: {raw!r}")
+            raise BadResponseError(
+                f"inference server at {url!r} answered a choice without a message: {raw!r}", hint=_NOT_OPENAI_HINT
+            )
         choices.append(
             Choice(
                 index=index,
@@ -305,7 +292,9 @@ def parse_completion(data: dict[str, Any], url: str, model: str) -> Generation:
     for index, raw in enumerate(data["choices"]):
         text = raw.get("text")
         if text is not None and not isinstance(text, str):
-            raise BadResponseError(f"inference server at {url!r} answered a non-text choice: {raw!r}")
+            raise BadResponseError(
+                f"inference server at {url!r} answered a non-text choice: {raw!r}", hint=_NOT_OPENAI_HINT
+            )
         choices.append(
             Choice(
                 index=index,

@@ -96,7 +96,10 @@ class ServerManager:
 
             backends = [make_backend(config) for config in configs]
         if len(backends) != len(configs):
-            raise InferenceError(f"got {len(backends)} backends for {len(configs)} server configs")
+            raise InferenceError(
+                f"got {len(backends)} backends for {len(configs)} server configs",
+                hint="pass one backend per server config",
+            )
         self.configs = list(configs)
         self.backoff = Backoff(backoff_base_s, backoff_max_s)
         self.max_n_completions = max_n_completions

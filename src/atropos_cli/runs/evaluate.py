@@ -265,7 +265,9 @@ def load_metrics(path: Path) -> dict[str, Any]:
     try:
         document = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
-        raise ConfigError(f"{file}: not valid JSON ({exc.msg})") from None
+        raise ConfigError(
+            f"not valid JSON ({exc.msg})", hint="pass a metrics.json written by `atropos evaluate`", file=str(file)
+        ) from None
     if not isinstance(document, dict) or "all" not in document.get("results", {}):
         raise ConfigError(f"{file}: not an eval metrics file (no results.all)", hint="was it written by evaluate?")
     return document

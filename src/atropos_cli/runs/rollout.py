@@ -22,15 +22,11 @@ from typing import Any
 from pydantic import ValidationError
 
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, record_failure
-from atropos_cli.errors import AtroposError, ServerUnreachableError
+from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
 
 __all__ = ["GroupOutcome", "collect_group", "run_groups", "RunAborted"]
-
-
-class RunAborted(AtroposError):
-    """The run cannot continue (server unreachable, or every group failing the same way)."""
 
 
 @dataclass

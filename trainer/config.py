@@ -1,0 +1,187 @@
+"""The settings of an `atropos train` run, declared once: `GRPOConfig` (what is trained and how) and `RunOptions`
+(where batches come from and how the run is wrapped).
+
+Pure pydantic, no torch: `atropos train --help` generates its options from these fields (cli/options.py), so each
+field's docstring is its `--help` text and its default the flag's default. Saved as OUT/train_config.json and
+compared on --resume. Layers: field defaults < the `train:` section of `--config FILE.yaml` < CLI flags.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from atropos_cli.resources import DEFAULT_MODEL
+
+from .precision import Dtype
+
+if TYPE_CHECKING:
+    from .losses import LossConfig
+
+__all__ = ["GRPOConfig", "RunOptions", "DEFAULT_CHUNK", "default_lr"]
+
+DEFAULT_CHUNK = 1024  # tokens per log-prob chunk: 1024 x 152k vocab x 4 bytes = 0.6 GB of fp32 logits
+# Learning rates: 1e-5 suits pretrained LLMs; the shipped ~1M-parameter model needs a much larger step to move
+# within minutes on CPU (measured on arithmetic: 3e-4 raises reward steadily, 1e-3 collapses it).
+DEFAULT_LR, TINY_MODEL_LR = 1e-5, 3e-4
+
+
+def default_lr(model: str) -> float:
+    """The learning rate a run gets when none is given: the one rule, for the CLI and for library callers."""
+    return TINY_MODEL_LR if model == DEFAULT_MODEL else DEFAULT_LR
+
+
+class GRPOConfig(BaseModel):
+    """Everything a run needs; saved as OUT/train_config.json and compared on --resume."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    model: str = DEFAULT_MODEL
+    """Policy: a shipped model name, a model directory or a hub id."""
+    out: str = "runs/train"
+    """Run directory (the CLI's default: runs/train-<env>)."""
+    loss: str = "grpo"
+    """Loss preset: grpo, dapo, dr_grpo, gspo, cispo (the flags below override single knobs)."""
+    clip_low: float | None = None
+    """ε_low of the ratio clip (default: the preset's)."""
+    clip_high: float | None = None
+    """ε_high of the ratio clip, clip-higher (default: the preset's)."""
+    kl_beta: float | None = None
+    """KL-to-reference weight β; 0 = no reference model (default: the preset's, 0)."""
+    distill_beta: float = Field(0.0, ge=0)
+    """On-policy distillation weight B: adds B x the reverse KL to the teacher on sampled tokens (groups with
+    distill_token_ids/distill_logprobs, e.g. from a TeacherDistillationEnv)."""
+    kl_estimator: Literal["k1", "k3"] | None = None
+    """KL estimator (default: the preset's, k3)."""
+    is_mode: Literal["none", "truncate", "mask"] | None = None
+    """Train/inference importance-sampling correction (default: the preset's, none)."""
+    is_max: float | None = None
+    """Upper bound C of the IS weight (default: the preset's, 2.0)."""
+    is_min: float | None = None
+    """Lower bound of the IS weight, mask mode only (default: the preset's, 0)."""
+    scale_rewards: bool | None = None
+    """Divide advantages by the group's std (GRPO) or not (Dr. GRPO) (default: the preset's)."""
+    dynamic_sampling: bool | None = None
+    """Drop groups whose rewards are all equal, as DAPO does (default: the preset's)."""
+    max_completion_len: int = Field(1024, ge=1)
+    """L_max of Dr. GRPO's constant loss normaliser."""
+    lr: float = Field(1e-5, gt=0)
+    """Learning rate (when not given: 3e-4 for the shipped atropos-tiny-arith, else 1e-5)."""
+    weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.99)
+    """AdamW betas (two numbers)."""
+    grad_clip: float = Field(1.0, gt=0)
+    """Clip the gradient norm to this."""
+    warmup_steps: int = Field(0, ge=0)
+    """Linear learning-rate warm-up steps."""
+    steps: int = Field(500, ge=1)
+    """Optimizer steps (with --sft, SFT's own default applies)."""
+    micro_batch_tokens: int = Field(8192, ge=16)
+    """Model tokens per micro-batch."""
+    max_len: int = Field(2048, ge=2)
+    """Longer rollouts are truncated (and counted); capped at the model's max positions."""
+    save_every: int = Field(50, ge=0)
+    """Checkpoint every N steps (0: only at the end)."""
+    keep_checkpoints: int = Field(2, ge=0)
+    """Checkpoints kept in OUT/checkpoints (0: all)."""
+    seed: int = 0
+    """Seed of the trainer (and of the data order)."""
+    device: str = "auto"
+    """auto, cpu, cuda, cuda:1 ..."""
+    dtype: Dtype | Literal["auto"] = "auto"
+    """auto (bf16-pure on CUDA, fp32 on CPU), fp32, bf16 (autocast on fp32 weights) or bf16-pure (bf16 weights
+    + fp32 master)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory."""
+    compile: bool | None = None
+    """torch.compile the transformer body (attention.compile_body). Default: on with CUDA, off on CPU."""
+    chunk_size: int = Field(DEFAULT_CHUNK, ge=1)
+    """Tokens per chunk of the fp32 log-prob computation (bounds the logits' memory)."""
+    pack: bool | None = None
+    """Pack samples end to end, no padding (packing_mode). Default: on with CUDA, as rows of exactly
+    --micro-batch-tokens tokens with varlen flash attention (one shape: compiled once); off on CPU."""
+    activation_memory_budget: float | None = Field(None, gt=0, le=1)
+    """With --compile: the fraction (0-1] of activations the backward keeps; the cheapest rest is recomputed."""
+    lora_r: int = 0
+    """LoRA rank (peft): 0 trains every weight, >0 only adapters."""
+    lora_alpha: int | None = None
+    """LoRA alpha: the update is scaled by alpha/r (default 2r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch's input."""
+    lora_target_modules: str = "all-linear"
+    """Modules that get adapters: all-linear (all but the LM head) or 'q_proj,v_proj'."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_lr(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("lr") is None:
+            return {**data, "lr": default_lr(data.get("model") or DEFAULT_MODEL)}
+        return data
+
+    def check_lora(self) -> None:
+        from . import lora
+
+        lora.check_lora(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
+
+    def loss_config(self) -> LossConfig:
+        """The preset named by `loss` with this config's overrides (a `losses.LossConfig`; imports torch)."""
+        from atropos_cli.errors import ConfigError
+
+        from .losses import LOSS_NAMES, loss_config
+
+        if self.loss not in LOSS_NAMES:
+            raise ConfigError(f"unknown loss {self.loss!r}", hint="choose one of: " + ", ".join(LOSS_NAMES))
+        keys = ("clip_low", "clip_high", "kl_beta", "kl_estimator", "is_mode", "is_max", "is_min")
+        extra = {k: getattr(self, k) for k in (*keys, "scale_rewards", "dynamic_sampling")}
+        return loss_config(self.loss, max_completion_len=self.max_completion_len, **extra)
+
+
+class RunOptions(BaseModel):
+    """Where batches come from and how the run is wrapped (the GRPO knobs live in GRPOConfig)."""
+
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
+
+    env: str | None = None
+    """Env of the one-command loop: a bundled name (see `atropos envs`), an entry point or a file.py."""
+    dotted_args: list[str] = Field(default_factory=list)
+    """Atropos-style dotted flags for the env and its servers (--env.group_size 16, --openai.base_url URL)."""
+    env_config_path: str | None = None
+    """YAML config (Atropos layout: env:, openai:, and train: for these settings)."""
+    data: list[str] = Field(default_factory=list)
+    """Train on rollout files (jsonl/parquet/run dirs)."""
+    api_url: str | None = None
+    """Register as the trainer of this trajectory API."""
+    inference: Literal["local", "vllm", "external"] = "local"
+    """Engine of the one-command loop: local, vllm or external."""
+    sync_every: int = Field(1, ge=1)
+    """vllm/external: sync weights every N steps."""
+    vllm_python: str | None = None
+    """Python of the venv that has vLLM."""
+    vllm_port: int = 9001
+    """Port of the vLLM server the run starts."""
+    vllm_timeout: float = 300.0
+    """Seconds to wait for vLLM to start, and for each weight-sync call."""
+    vllm_args: list[str] = Field(default_factory=list)
+    """Extra vLLM server flags, e.g. '--gpu-memory-utilization 0.5' (split like a shell line)."""
+    vllm_sync: Literal["reload", "restart", "auto"] = "auto"
+    """vllm: reload (weights in place, no restart), restart, or auto (reload if possible)."""
+    groups_per_step: int = Field(32, ge=1)  # 32 groups x 8: a steady gradient (measured on arithmetic)
+    """Groups per optimizer step (env/files)."""
+    epochs: int = Field(1, ge=1)
+    """Passes over --data."""
+    api_batch_size: int = Field(64, ge=1)
+    """Sequences per step when behind an API."""
+    wait_timeout: float = Field(600.0, gt=0)
+    """Seconds to wait for a batch from --api-url."""
+    resume: bool = False
+    """Continue from the latest checkpoint in --out."""
+    overwrite: bool = False
+    """Replace an existing --out."""
+    plot: bool = False
+    """Write OUT/reward_curve.png at the end (needs matplotlib)."""
+    wandb_project: str | None = None
+    """Also log to W&B (needs wandb)."""
+    tensorboard: bool = False
+    """Also log to TensorBoard (needs tensorboard)."""
