@@ -124,7 +124,8 @@ def train_command(
 
         grpo, opts = _configs(values, env, out, list(ctx.args), config)
         show = lambda m: console.print(_fmt(m, grpo.steps), soft_wrap=True)  # noqa: E731
-        _report(run_training(opts, grpo, show, err_console.print), grpo.steps)
+        event = lambda m: err_console.print(m, soft_wrap=True, markup=False)  # noqa: E731
+        _report(run_training(opts, grpo, show, event), grpo.steps)
 
 
 def _layered(ctx: typer.Context, settings: dict[str, Any], config: Path | None) -> dict[str, Any]:
