@@ -6,13 +6,12 @@ from __future__ import annotations
 import enum
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from atropos_cli.api.source import ApiSourceOptions
+from atropos_cli.api.client import ApiSourceOptions
 from atropos_cli.cli import datagen as datagen_cli
 from atropos_cli.cli import train as train_cli
-from atropos_cli.cli.app import app
+from atropos_cli.cli.app import app, load_command
 from atropos_cli.cli.common import DOTTED_NAMESPACES
 from atropos_cli.cli.options import field_help, flag_of
 from atropos_cli.config import NAMESPACES
@@ -35,7 +34,7 @@ COMMANDS = {
 
 
 def _options(command: str) -> dict[str, object]:
-    click_command = typer.main.get_command(app).commands[command]  # type: ignore[attr-defined]
+    click_command = load_command(command)
     return {opt: p for p in click_command.params for opt in (*p.opts, *getattr(p, "secondary_opts", ()))}
 
 

@@ -49,6 +49,7 @@ __all__ = [
     "ApiInvalid",
     "ApiWaitTimeout",
     "WireError",
+    "EnvCodeError",
     "RunAborted",
     "JudgeOutputError",
 ]
@@ -240,6 +241,10 @@ class WireError(ApiError):
         super().__init__(message, hint)
         self.status = status
         self.reason = reason
+
+
+class EnvCodeError(AtroposError):
+    """An env hook raised something that is not an AtroposError: a bug (or an unmet need) in the env's code."""
 
 
 class RunAborted(AtroposError):

@@ -4,7 +4,7 @@ Flow: inputs (formats.reader.iter_groups over run dirs / jsonl / parquet / globs
 ──► datagen.select_sft / select_dpo ──► formats.dataset (OUT/train.jsonl, OUT/train.parquet, OUT/README.md)
 ──► a summary table of groups read, rows written and rollouts dropped by reason.
 
-The options are generated from the models in datagen/options.py and api/source.py (one default, one help text
+The options are generated from the models in datagen/options.py and api/client.py (one default, one help text
 per setting); both commands share them, so `--tasks-per-step` sets the registered batch size of either.
 """
 

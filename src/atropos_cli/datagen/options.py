@@ -2,7 +2,7 @@
 `--help` and their defaults the flags' defaults (cli/options.py generates the options from them).
 
 `SftOptions` / `DpoOptions` choose rollouts (Atropos' flags plus ours), `SftOutput` / `DpoOutput` say what is
-written and how; the `--api-url` source has its own options (`api.source.ApiSourceOptions`).
+written and how; the `--api-url` source has its own options (`api.client.ApiSourceOptions`).
 """
 
 from __future__ import annotations

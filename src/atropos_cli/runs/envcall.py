@@ -15,16 +15,12 @@ from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import AtroposError, EnvCodeError
 
 __all__ = ["EnvCodeError", "call_env", "env_code_location"]
 
 T = TypeVar("T")
 _PACKAGE_DIR = Path(__file__).resolve().parents[1]
-
-
-class EnvCodeError(AtroposError):
-    """An env hook raised something that is not an AtroposError: a bug (or an unmet need) in the env's code."""
 
 
 def _module_file(env: Any) -> str | None:
