@@ -12,9 +12,7 @@ from atropos_cli.api.client import ApiSourceOptions
 from atropos_cli.cli import datagen as datagen_cli
 from atropos_cli.cli import train as train_cli
 from atropos_cli.cli.app import app, load_command
-from atropos_cli.cli.common import DOTTED_NAMESPACES
 from atropos_cli.cli.options import field_help, flag_of
-from atropos_cli.config import NAMESPACES
 from atropos_cli.trainer.config import GRPOConfig, RunOptions
 
 runner = CliRunner()
@@ -91,7 +89,3 @@ def test_todays_flag_spellings_still_work():
         for flag in ("--allow-negative-scores", "--append-to-previous", "--no-dedupe", "--format", "--group-size"):
             assert flag in options
     assert "--tasks-per-step" in _options("dpo-gen")  # dpo-gen registered group_size * 8 before
-
-
-def test_dotted_namespaces_match_the_config():
-    assert DOTTED_NAMESPACES == NAMESPACES

@@ -12,13 +12,13 @@ import typer
 from rich.console import Console
 from typer.core import TyperCommand, TyperOption
 
+from atropos_cli.config import NAMESPACES
 from atropos_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, AtroposError
 
-__all__ = ["console", "err_console", "fail", "warn", "cli_errors", "DottedCommand", "DOTTED_NAMESPACES"]
+__all__ = ["console", "err_console", "fail", "warn", "cli_errors", "DottedCommand"]
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
-DOTTED_NAMESPACES = ("env", "openai")  # = config.NAMESPACES; not imported here: pydantic would slow --help
 
 
 def fail(message: str, hint: str | None = None, code: int = EXIT_RUNTIME) -> typer.Exit:
@@ -62,12 +62,13 @@ def _is_cli_exit(exc: BaseException) -> bool:
 
 def _dotted(token: str) -> bool:
     namespace, dot, field = token[2:].partition("=")[0].partition(".")
-    return token.startswith("--") and bool(dot) and namespace in DOTTED_NAMESPACES and bool(field)
+    return token.startswith("--") and bool(dot) and namespace in NAMESPACES and bool(field)
 
 
 class DottedCommand(TyperCommand):
     """A command whose own options parse strictly (an unknown `--flag` is a usage error with a did-you-mean),
-    while Atropos-style `--env.<field> V` / `--openai.<field> V` flags are set aside into `ctx.args`."""
+    while Atropos-style dotted flags (`--env.<field> V`, `--openai.<field> V`, any of config.NAMESPACES) are set
+    aside into `ctx.args`."""
 
     def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         takes_value = {
