@@ -237,6 +237,8 @@ class ApiWaitTimeout(ApiError):
 class WireError(ApiError):
     """A request the API refuses at its HTTP edge: `status`, the message, and `reason` (the metrics label)."""
 
+    status: int
+
     def __init__(self, status: int, message: str, reason: str, hint: str | None = None) -> None:
         super().__init__(message, hint)
         self.status = status

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -70,7 +71,7 @@ class DottedCommand(TyperCommand):
     while Atropos-style dotted flags (`--env.<field> V`, `--openai.<field> V`, any of config.NAMESPACES) are set
     aside into `ctx.args`."""
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
         takes_value = {
             name: p.nargs
             for p in self.params

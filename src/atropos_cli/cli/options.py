@@ -93,7 +93,7 @@ class ModelOptions:
             envvar=self.envvars.get(name),
             show_default=default is not None and default != [],
         )
-        annotated = Annotated[_python_type(name, annotation), option]
+        annotated = Annotated[_python_type(name, annotation), option]  # type: ignore[valid-type]
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotated)
 
     def parameters(self) -> list[inspect.Parameter]:
