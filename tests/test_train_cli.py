@@ -13,6 +13,7 @@ from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
 from atropos_cli.types import ScoredGroup
+from tiny_models import save_tiny_arith_model
 
 runner = CliRunner()
 
@@ -20,13 +21,7 @@ runner = CliRunner()
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
-
-    from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
-
-    texts = [f"<|user|>What is {a} - {b}?<|end|><|assistant|>{a - b}<|end|>" for a in range(20) for b in range(20)]
-    tokenizer = train_tokenizer(texts, vocab_size=290)
-    sizes = TinyModelSizes(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    return save_init(init_model(tokenizer, sizes, seed=1), tokenizer, tmp_path_factory.mktemp("m") / "tiny")
+    return save_tiny_arith_model(tmp_path_factory.mktemp("m"), op="-", seed=1)
 
 
 def _rollouts(path: Path, n: int = 4) -> Path:

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
 from atropos_cli.types import ScoredGroup
+from tiny_models import save_tiny_arith_model
 
 runner = CliRunner()
 
@@ -19,13 +20,7 @@ runner = CliRunner()
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer model with a 290-token vocabulary and 256 positions."""
     pytest.importorskip("torch")
-
-    from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
-
-    texts = [f"<|user|>What is {a} - {b}?<|end|><|assistant|>{a - b}<|end|>" for a in range(20) for b in range(20)]
-    tokenizer = train_tokenizer(texts, vocab_size=290)
-    sizes = TinyModelSizes(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    return save_init(init_model(tokenizer, sizes, seed=1), tokenizer, tmp_path_factory.mktemp("m") / "tiny")
+    return save_tiny_arith_model(tmp_path_factory.mktemp("m"), op="-", seed=1)
 
 
 def _group(length: int = 8, seed: int = 0) -> dict:

@@ -19,17 +19,13 @@ from atropos_cli.trainer.grpo import GRPOConfig
 from atropos_cli.trainer.run import RunOptions, run_training
 from atropos_cli.trainer.sources import ApiWaitTimeout
 from atropos_cli.types import ScoredGroup
+from tiny_models import save_tiny_arith_model
 
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory) -> Path:
     """A 2-layer Llama with a real tokenizer and chat template, saved like any HF model (built in ~2 s)."""
-    from atropos_cli.trainer.tiny_model import TinyModelSizes, init_model, save_init, train_tokenizer
-
-    texts = [f"<|user|>What is {a} + {b}?<|end|><|assistant|>{a + b}<|end|>" for a in range(20) for b in range(20)]
-    tokenizer = train_tokenizer(texts, vocab_size=290)
-    sizes = TinyModelSizes(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64)
-    return save_init(init_model(tokenizer, sizes, seed=0), tokenizer, tmp_path_factory.mktemp("m") / "tiny")
+    return save_tiny_arith_model(tmp_path_factory.mktemp("m"), op="+", seed=0)
 
 
 def _groups(n: int, vocab: int = 280, size: int = 4, seed: int = 0) -> list[ScoredGroup]:

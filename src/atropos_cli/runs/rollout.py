@@ -15,7 +15,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Collection
-from contextlib import nullcontext
+from contextlib import nullcontext, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,7 +127,10 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
     except Exception as exc:  # the one place a group's failure is caught: it is recorded, not raised
         record_failure(exc, env=env.name, item_id=item_id, rollout_index=None)
     finally:
-        failure_sink.reset(token)
+        # a coroutine closed outside its task (Ctrl-C while the loop shuts down) runs this in another context,
+        # where the token cannot be reset; the sink then dies with that context anyway
+        with suppress(ValueError):
+            failure_sink.reset(token)
         await env.cleanup()
     for failure in [*sink, *outcome.filtered]:
         failure.index = index
