@@ -170,3 +170,24 @@ def test_dtype_auto_is_fp32_on_cpu_and_bf16_pure_on_cuda():
     assert resolve_dtype("bf16", "cuda") == "bf16"
     trainer = GRPOTrainer(GRPOConfig(out="unused"), model=tiny_llama())
     assert trainer.precision.dtype == "fp32" and next(trainer.model.parameters()).dtype == torch.float32
+
+
+def test_bf16_pure_bucketed_gradient_moves_equal_one_add_per_gradient(monkeypatch):
+    """The bf16 gradients reach the fp32 accumulators in buckets (precision.BUCKET); over several micro-batches
+    with a bucket that splits the parameters unevenly, every accumulator equals the one-add-each result."""
+    import atropos_cli.trainer.precision as precision
+
+    batch = [group([1.0, 0.0, 1.0, 0.0]), group([0.0, 1.0, 0.0, 0.0], seed=1)]
+    grads = []
+    for bucket in (1, 5):
+        monkeypatch.setattr(precision, "BUCKET", bucket)
+        config = GRPOConfig(out="unused", lr=1e-6, dtype="bf16-pure", micro_batch_tokens=16)
+        trainer = GRPOTrainer(config, model=tiny_llama())
+        trainer.precision.step = lambda clip: torch.zeros(())  # keep the accumulated gradients to compare
+        trainer.step(batch)  # 4 micro-batches
+        assert all(p.grad is None for p in trainer.precision.params)
+        grads.append([m.grad.clone() for m in trainer.precision.master])
+    assert len(grads[0]) > 5
+    for one, bucketed in zip(*grads, strict=True):
+        assert one.abs().sum() > 0
+        torch.testing.assert_close(bucketed, one, rtol=0, atol=0)

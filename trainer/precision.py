@@ -22,6 +22,7 @@ __all__ = ["Precision", "DTYPES", "Dtype"]
 
 Dtype = Literal["fp32", "bf16", "bf16-pure"]
 DTYPES = ("fp32", "bf16", "bf16-pure")
+BUCKET = 32  # bf16 gradients held before one foreach add moves them into the fp32 accumulators (~2 layers)
 
 
 class Precision:
@@ -43,8 +44,11 @@ class Precision:
                 p.data = p.data.to(torch.bfloat16)
             # each bf16 gradient goes into its fp32 accumulator the moment backward finishes it, so the model
             # never holds a full set of bf16 gradients (1 GB on a 0.5B model) next to the fp32 ones
+            # (in buckets: one foreach add per BUCKET gradients instead of one add each, ~290 a micro-batch on
+            # a 0.5B model, host work on the backward's critical path)
+            self._ready: tuple[list[Any], list[Any]] = ([], [])
             for p, m in zip(self.params, self.master, strict=True):
-                p.register_post_accumulate_grad_hook(functools.partial(_move_grad, m))
+                p.register_post_accumulate_grad_hook(functools.partial(self._move_grad, m))
             optimized = self.master
         else:
             self.master = None
@@ -70,6 +74,7 @@ class Precision:
         """bf16-pure: move any bf16 gradient the hooks did not take into the fp32 accumulators."""
         if self.master is None:
             return
+        self._flush()
         for m, p in zip(self.master, self.params, strict=True):
             if p.grad is not None:
                 m.grad.add_(p.grad)
@@ -85,8 +90,7 @@ class Precision:
         if self.master is not None:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.master)
-            for m in self.master:
-                m.grad.zero_()
+            torch._foreach_zero_([m.grad for m in self.master])
         else:
             self.optimizer.zero_grad(set_to_none=True)
         return grad_norm
@@ -115,8 +119,20 @@ class Precision:
             for m, p in zip(self.master, self.params, strict=True):
                 m.copy_(p)
 
+    def _move_grad(self, master: Any, param: Any) -> None:
+        if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
+            self._ready[0].append(master.grad)
+            self._ready[1].append(param.grad)
+            param.grad = None
+            if len(self._ready[1]) >= BUCKET:
+                self._flush()
 
-def _move_grad(master: Any, param: Any) -> None:
-    if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
-        master.grad.add_(param.grad)
-        param.grad = None
+    def _flush(self) -> None:
+        """Add the bucketed bf16 gradients into their fp32 accumulators and drop them."""
+        import torch
+
+        sinks, grads = self._ready
+        if grads:
+            torch._foreach_add_(sinks, grads)
+            sinks.clear()
+            grads.clear()
