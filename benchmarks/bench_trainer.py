@@ -185,6 +185,9 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
+    import atropos_cli.trainer.precision as precision
+
+    precision.BUCKET = 1 if "b" in knobs else 32  # b: one add per bf16 gradient (no buckets)
     import atropos_cli.trainer.logprobs as logprobs
 
     logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
@@ -228,6 +231,7 @@ def describe(v: dict) -> str:
         "w": "whole-body compile",
         "d": "per-layer compile, all dims dynamic",
         "r": "GQA by repeated KV heads",
+        "b": "one gradient add each (no buckets)",
     }
     text += "".join(f", {names[k]}" for k in v["knobs"])
     return text

@@ -191,3 +191,14 @@ def test_bf16_pure_bucketed_gradient_moves_equal_one_add_per_gradient(monkeypatc
     for one, bucketed in zip(*grads, strict=True):
         assert one.abs().sum() > 0
         torch.testing.assert_close(bucketed, one, rtol=0, atol=0)
+
+
+def test_lm_head_chunks_never_end_in_a_single_row():
+    """A 1-row chunk makes torch recompile the dynamic chunk kernels (size 1 is specialised): it joins the one
+    before it; the chunks still cover every row once."""
+    from atropos_cli.trainer.logprobs import _chunks
+
+    assert _chunks(21, 5) == [(0, 5), (5, 10), (10, 15), (15, 21)]
+    assert _chunks(20, 5)[-1] == (15, 20)
+    assert _chunks(1, 5) == [(0, 1)]
+    assert _chunks(0, 5) == []

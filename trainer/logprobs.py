@@ -111,6 +111,17 @@ def _add_mm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.d
     acc += _mm(a, b, dtype)
 
 
+def _chunks(n: int, size: int) -> list[tuple[int, int]]:
+    """[start, end) chunks of `size` rows; a last chunk of a single row joins the one before it. The compiled
+    chunk kernels are dynamic in the row count, but torch specialises a size of 1: a micro-batch whose trained
+    positions were 1 more than a multiple of `size` recompiled both kernels mid-run (H200: a 6-step benchmark
+    row lost ~15% to it; benchmarks/results/trainer_gpu.md)."""
+    bounds = list(range(0, n, size)) + [n]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return list(zip(bounds[:-1], bounds[1:], strict=False))
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
     def forward(ctx, h, weight, targets, inv_temp, chunk_size, weight_grad):  # type: ignore[override]
@@ -119,8 +130,7 @@ class _ChunkedLogprob(torch.autograd.Function):
         out = torch.empty(n, dtype=torch.float32, device=h.device)
         lse = torch.empty(n, dtype=torch.float32, device=h.device)
         chunk_logp = _kernel("logp", h.device)
-        for start in range(0, n, chunk_size):
-            end = min(start + chunk_size, n)
+        for start, end in _chunks(n, chunk_size):
             temp = None if inv_temp is None else inv_temp[start:end]
             out[start:end], lse[start:end] = chunk_logp(_mm(h[start:end], w_t, dtype), targets[start:end], temp)
         ctx.save_for_backward(h, weight, targets, inv_temp, lse)
@@ -140,8 +150,7 @@ class _ChunkedLogprob(torch.autograd.Function):
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
         chunk_dlogits = _kernel("dlogits", h.device)
         grad_out = grad_out.contiguous()
-        for start in range(0, n, chunk):
-            end = min(start + chunk, n)
+        for start, end in _chunks(n, chunk):
             temp = None if inv_temp is None else inv_temp[start:end]
             logits = _mm(h[start:end], w.t(), dtype)  # recomputed: storing [n, vocab] would cost far more
             dlogits = chunk_dlogits(logits, targets[start:end], temp, lse[start:end], grad_out[start:end], dtype)
