@@ -202,3 +202,22 @@ def test_lm_head_chunks_never_end_in_a_single_row():
     assert _chunks(20, 5)[-1] == (15, 20)
     assert _chunks(1, 5) == [(0, 1)]
     assert _chunks(0, 5) == []
+
+
+def test_a_discarded_bf16_pure_precision_frees_its_model():
+    """The gradient hooks must not reference the Precision: a cycle through a parameter's C++ hooks is one gc
+    cannot collect, and every discarded trainer kept its model, master and optimizer state."""
+    import gc
+    import weakref
+
+    from atropos_cli.trainer.precision import Precision
+
+    model = tiny_llama()
+    alive = weakref.ref(model)
+    config = GRPOConfig(out="unused", lr=1e-6, dtype="bf16-pure", micro_batch_tokens=16)
+    trainer = GRPOTrainer(config, model=model)
+    assert isinstance(trainer.precision, Precision)
+    trainer.step([group([1.0, 0.0, 1.0, 0.0])])  # the hooks fire
+    del model, trainer
+    gc.collect()
+    assert alive() is None

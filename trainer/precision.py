@@ -46,9 +46,11 @@ class Precision:
             # never holds a full set of bf16 gradients (1 GB on a 0.5B model) next to the fp32 ones
             # (in buckets: one foreach add per BUCKET gradients instead of one add each, ~290 a micro-batch on
             # a 0.5B model, host work on the backward's critical path)
-            self._ready: tuple[list[Any], list[Any]] = ([], [])
+            # (the hooks hold the bucket, never `self`: a hook on a parameter that referenced the Precision would
+            # make a cycle through C++ that gc cannot break, leaking every discarded trainer's model and master)
+            self._bucket = _Bucket()
             for p, m in zip(self.params, self.master, strict=True):
-                p.register_post_accumulate_grad_hook(functools.partial(self._move_grad, m))
+                p.register_post_accumulate_grad_hook(functools.partial(self._bucket.move, m))
             optimized = self.master
         else:
             self.master = None
@@ -74,7 +76,7 @@ class Precision:
         """bf16-pure: move any bf16 gradient the hooks did not take into the fp32 accumulators."""
         if self.master is None:
             return
-        self._flush()
+        self._bucket.flush()
         for m, p in zip(self.master, self.params, strict=True):
             if p.grad is not None:
                 m.grad.add_(p.grad)
@@ -119,20 +121,26 @@ class Precision:
             for m, p in zip(self.master, self.params, strict=True):
                 m.copy_(p)
 
-    def _move_grad(self, master: Any, param: Any) -> None:
-        if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
-            self._ready[0].append(master.grad)
-            self._ready[1].append(param.grad)
-            param.grad = None
-            if len(self._ready[1]) >= BUCKET:
-                self._flush()
 
-    def _flush(self) -> None:
-        """Add the bucketed bf16 gradients into their fp32 accumulators and drop them."""
+class _Bucket:
+    """bf16 gradients waiting for one foreach add into their fp32 accumulators (BUCKET at a time)."""
+
+    def __init__(self) -> None:
+        self.sinks: list[Any] = []
+        self.grads: list[Any] = []
+
+    def move(self, master: Any, param: Any) -> None:
+        if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
+            self.sinks.append(master.grad)
+            self.grads.append(param.grad)
+            param.grad = None
+            if len(self.grads) >= BUCKET:
+                self.flush()
+
+    def flush(self) -> None:
         import torch
 
-        sinks, grads = self._ready
-        if grads:
-            torch._foreach_add_(sinks, grads)
-            sinks.clear()
-            grads.clear()
+        if self.grads:
+            torch._foreach_add_(self.sinks, self.grads)
+            self.sinks.clear()
+            self.grads.clear()
