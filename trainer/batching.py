@@ -197,64 +197,93 @@ def _tensor(values: list, code: str, dtype: torch.dtype) -> torch.Tensor:
     return torch.frombuffer(array.array(code, values), dtype=dtype)
 
 
+@dataclass
+class _Filling:
+    """The tensors of one micro-batch while samples are laid into it: the model's layout ([rows, width]: ids,
+    targets, attention, positions) and the per-sample loss layout ([samples, span]), joined by select/place."""
+
+    width: int
+    span: int
+    input_ids: torch.Tensor
+    targets: torch.Tensor
+    attention: torch.Tensor
+    positions: torch.Tensor
+    loss_mask: torch.Tensor
+    adv: torch.Tensor
+    inf: torch.Tensor | None
+    teacher: torch.Tensor | None
+    select: list[torch.Tensor] = field(default_factory=list)
+    place: list[torch.Tensor] = field(default_factory=list)
+    temps: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def empty(cls, rows: int, samples: list[Sample], width: int, span: int) -> _Filling:
+        def zeros() -> torch.Tensor:
+            return torch.zeros(rows, width, dtype=torch.long)
+
+        b = len(samples)
+        have_inf = all(s.inference_logprobs is not None for s in samples)
+        have_teacher = all(s.teacher_logprobs is not None for s in samples)
+        return cls(
+            width, span, zeros(), zeros(), zeros(), zeros(), torch.zeros(b, span), torch.zeros(b, span),
+            torch.zeros(b, span) if have_inf else None,
+            torch.full((b, span), math.nan) if have_teacher else None,
+        )  # fmt: skip
+
+    def put(self, s: Sample, row: int, offset: int, k: int) -> None:
+        """Sample `s` (the k-th) at `offset` of model row `row`."""
+        n = len(s.tokens) - 1
+        cols = slice(offset, offset + n)
+        tokens = _tensor(s.tokens, "q", torch.long)
+        self.input_ids[row, cols] = tokens[:-1]
+        self.targets[row, cols] = tokens[1:]
+        self.attention[row, cols] = 1
+        self.positions[row, cols] = torch.arange(n)
+        trained = _tensor(s.trained, "b", torch.bool)
+        self.loss_mask[k, :n] = trained.float()
+        self.adv[k, :n] = _tensor(s.advantages, "f", torch.float32)
+        if self.inf is not None:
+            self.inf[k, :n] = _tensor(s.inference_logprobs, "f", torch.float32)  # type: ignore[arg-type]
+        if self.teacher is not None:
+            self.teacher[k, :n] = _tensor(s.teacher_logprobs, "f", torch.float32)  # type: ignore[arg-type]
+        where = trained.nonzero().squeeze(1)
+        self.select.append(row * self.width + offset + where)
+        self.place.append(k * self.span + where)
+        self.temps.append(torch.full((len(where),), 1.0 / s.temperature))
+
+
 def _collate(rows: list[list[Sample]], width: int | None = None) -> MicroBatch:
     """Rows of samples (one sample a row = padded; several = packed) into one micro-batch; `width` fixes the
     row width (static packing; the caller fills the rest)."""
     samples = [s for row in rows for s in row]
     width = width or max(sum(len(s.tokens) - 1 for s in row) for row in rows)
     span = max(len(s.tokens) - 1 for s in samples)
-    r, b = len(rows), len(samples)
-    input_ids = torch.zeros(r, width, dtype=torch.long)
-    attention = torch.zeros(r, width, dtype=torch.long)
-    targets = torch.zeros(r, width, dtype=torch.long)
-    positions = torch.zeros(r, width, dtype=torch.long)
-    loss_mask, adv = torch.zeros(b, span), torch.zeros(b, span)
-    have_inf = all(s.inference_logprobs is not None for s in samples)
-    inf = torch.zeros(b, span) if have_inf else None
-    have_teacher = all(s.teacher_logprobs is not None for s in samples)
-    teacher = torch.full((b, span), math.nan) if have_teacher else None
-    select, place, temps = [], [], []
+    f = _Filling.empty(len(rows), samples, width, span)
     k = 0
     for row_index, row in enumerate(rows):
         offset = 0
         for s in row:
-            n = len(s.tokens) - 1
-            cols = slice(offset, offset + n)
-            tokens = _tensor(s.tokens, "q", torch.long)
-            input_ids[row_index, cols] = tokens[:-1]
-            targets[row_index, cols] = tokens[1:]
-            attention[row_index, cols] = 1
-            positions[row_index, cols] = torch.arange(n)
-            trained = _tensor(s.trained, "b", torch.bool)
-            loss_mask[k, :n] = trained.float()
-            adv[k, :n] = _tensor(s.advantages, "f", torch.float32)
-            if inf is not None:
-                inf[k, :n] = _tensor(s.inference_logprobs, "f", torch.float32)  # type: ignore[arg-type]
-            if teacher is not None:
-                teacher[k, :n] = _tensor(s.teacher_logprobs, "f", torch.float32)  # type: ignore[arg-type]
-            where = trained.nonzero().squeeze(1)
-            select.append(row_index * width + offset + where)
-            place.append(k * span + where)
-            temps.append(torch.full((len(where),), 1.0 / s.temperature))
-            offset += n
+            f.put(s, row_index, offset, k)
+            offset += len(s.tokens) - 1
             k += 1
     unit = all(s.temperature == 1.0 for s in samples)
     packed = any(len(row) > 1 for row in rows)
+    teacher = f.teacher
     return MicroBatch(
-        input_ids=input_ids,
-        attention_mask=attention,
-        targets=targets,
-        select=torch.cat(select),
-        place=torch.cat(place),
-        loss_mask=loss_mask,
-        advantages=adv,
-        inv_temperature=None if unit else torch.cat(temps),
-        inference_logp=inf,
+        input_ids=f.input_ids,
+        attention_mask=f.attention,
+        targets=f.targets,
+        select=torch.cat(f.select),
+        place=torch.cat(f.place),
+        loss_mask=f.loss_mask,
+        advantages=f.adv,
+        inv_temperature=None if unit else torch.cat(f.temps),
+        inference_logp=f.inf,
         teacher_logp=torch.nan_to_num(teacher, nan=0.0) if teacher is not None else None,
         teacher_mask=(~torch.isnan(teacher)).float() if teacher is not None else None,
-        position_ids=positions if packed else None,
-        padded=bool((attention == 0).any()),
-        real_tokens=int(attention.sum()),
+        position_ids=f.positions if packed else None,
+        padded=bool((f.attention == 0).any()),
+        real_tokens=int(f.attention.sum()),
     )
 
 
