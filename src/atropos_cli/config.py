@@ -11,7 +11,7 @@ import difflib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -28,6 +28,7 @@ __all__ = [
     "resolve_config",
     "config_diff",
     "validate_model",
+    "resolve_servers",
     "validate_keys",
 ]
 
@@ -224,7 +225,7 @@ def validate_model(model_cls: type[BaseModel], values: Mapping[str, Any], where:
         ) from None
 
 
-def _servers_from(raw: Any, where: str) -> list[dict[str, Any]]:
+def _servers_from(raw: Any, where: str, namespace: str = "openai") -> list[dict[str, Any]]:
     if raw is None:
         return []
     if isinstance(raw, dict):
@@ -232,9 +233,28 @@ def _servers_from(raw: Any, where: str) -> list[dict[str, Any]]:
     if isinstance(raw, list) and all(isinstance(s, dict) for s in raw):
         return list(raw)
     raise ConfigError(
-        f"{where}: 'openai' must be a mapping or a list of mappings, got {type(raw).__name__}",
-        hint="write openai: {base_url: ..., model_name: ...} or a list of such mappings",
+        f"{where}: {namespace!r} must be a mapping or a list of mappings, got {type(raw).__name__}",
+        hint=f"write {namespace}: {{base_url: ..., model_name: ...}} or a list of such mappings",
     )
+
+
+def resolve_servers(
+    defaults: list[ServerConfig], yaml_raw: Any, cli: Mapping[str, Any], namespace: str = "openai"
+) -> list[ServerConfig]:
+    """One list of servers, layered: the env's defaults (or one default server) < YAML `namespace:` (a mapping or
+    a list: as many entries as defaults merge pairwise, otherwise each entry onto the first default) < the
+    `--namespace.*` flags, which apply to every server."""
+    yaml_servers = _servers_from(yaml_raw, "config", namespace)
+    base = [s.model_dump() for s in defaults] or [ServerConfig().model_dump()]
+    if yaml_servers:
+        merged = (
+            [{**base[0], **s} for s in yaml_servers]
+            if len(yaml_servers) != len(base)
+            else [{**b, **s} for b, s in zip(base, yaml_servers, strict=True)]
+        )
+    else:
+        merged = base
+    return [cast(ServerConfig, validate_model(ServerConfig, {**m, **cli}, namespace)) for m in merged]
 
 
 def resolve_config(
@@ -256,19 +276,7 @@ def resolve_config(
     env_values.update(cli_env)
     env_config = validate_model(env_cls, env_values, "env")
 
-    yaml_servers = _servers_from(yaml_data.get("openai"), "config")
-    base = [s.model_dump() for s in server_defaults] or [ServerConfig().model_dump()]
-    if yaml_servers:
-        merged = (
-            [{**base[0], **s} for s in yaml_servers]
-            if len(yaml_servers) != len(base)
-            else [{**b, **s} for b, s in zip(base, yaml_servers, strict=True)]
-        )
-    else:
-        merged = base
-    merged = [{**m, **cli_openai} for m in merged]
-    servers = [validate_model(ServerConfig, m, "openai") for m in merged]
-    return env_config, servers  # type: ignore[return-value]
+    return env_config, resolve_servers(server_defaults, yaml_data.get("openai"), cli_openai)
 
 
 def config_diff(old: Mapping[str, Any], new: Mapping[str, Any], prefix: str = "") -> list[str]:

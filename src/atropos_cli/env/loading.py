@@ -8,9 +8,17 @@ the shipped model, so the whole loop works offline.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
-from atropos_cli.config import EnvConfig, RunConfig, ServerConfig, load_yaml, parse_dotted_flags, resolve_config
+from atropos_cli.config import (
+    EnvConfig,
+    RunConfig,
+    ServerConfig,
+    load_yaml,
+    parse_dotted_flags,
+    resolve_config,
+    resolve_servers,
+)
 from atropos_cli.env.base import BaseEnv, env_error
 from atropos_cli.env.registry import resolve_env
 from atropos_cli.errors import AtroposError
@@ -95,17 +103,12 @@ def resolve_run_config(
 
 
 def _teacher_servers(env_cls: type[BaseEnv], yaml_data: Any, cli_teacher: dict[str, Any]) -> list[ServerConfig]:
-    """The teacher's servers (distillation envs): the env's defaults < YAML `teacher:` < `--teacher.*` flags."""
-    from atropos_cli.config import validate_model
-
-    defaults = [s.model_dump() for s in env_cls.teacher_defaults()]
-    from_yaml = (yaml_data or {}).get("teacher") or []
-    from_yaml = [from_yaml] if isinstance(from_yaml, dict) else list(from_yaml)
+    """The teacher's servers (distillation envs), layered like `openai`; none when nothing configures one."""
+    defaults = env_cls.teacher_defaults()
+    from_yaml = (yaml_data or {}).get("teacher")
     if not (defaults or from_yaml or cli_teacher):
         return []
-    base = defaults or [ServerConfig().model_dump()]
-    merged = [{**base[min(i, len(base) - 1)], **entry} for i, entry in enumerate(from_yaml)] or base
-    return [cast(ServerConfig, validate_model(ServerConfig, {**m, **cli_teacher}, "teacher")) for m in merged]
+    return resolve_servers(defaults, from_yaml, cli_teacher, "teacher")
 
 
 def load_env(
