@@ -23,11 +23,13 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import ValidationError
+
 from atropos_cli.config import EnvConfig, ServerConfig
 from atropos_cli.errors import ConfigError, EnvLoadError
 from atropos_cli.inference.base import Generation, SamplingParams
 from atropos_cli.tokens import build_rollout_tokens
-from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup
+from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup, describe_validation_error
 
 __all__ = [
     "BaseEnv",
@@ -364,13 +366,8 @@ def env_error(env_cls: type, step: str, exc: BaseException, hint: str) -> EnvLoa
 
 
 def _one_line(exc: BaseException) -> str:
-    """`Type: message` on one line (a pydantic error: its first field and message)."""
-    errors = getattr(exc, "errors", None)
-    if callable(errors):
-        try:
-            first = errors()[0]
-            return f"{type(exc).__name__}: {'.'.join(map(str, first['loc']))}: {first['msg']}"
-        except (TypeError, IndexError, KeyError):
-            pass
+    """`Type: message` on one line (a pydantic error: its first field path and message)."""
+    if isinstance(exc, ValidationError):
+        return f"{type(exc).__name__}: {describe_validation_error(exc)}"
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
