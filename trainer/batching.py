@@ -49,6 +49,7 @@ class Sample:
     inference_logprobs: list[float] | None  # per position of tokens[1:]
     # the teacher's logprob of each target token (per position of tokens[1:]), NaN where its top-k lacks it
     teacher_logprobs: list[float] | None = None
+    group: int = 0  # index of its group in the step's batch (a many-GPU step gives each rank whole groups)
 
     @property
     def num_trained(self) -> int:
@@ -141,6 +142,7 @@ def prepare(groups: list[ScoredGroup], scale_rewards: bool, dynamic_sampling: bo
         for i, adv in enumerate(group_advantages(group.scores, scale_rewards)):
             sample, truncated = _sample(group, i, adv, max_len)
             out.truncated += int(truncated)
+            sample.group = out.groups - 1
             if sample.num_trained > 0:
                 out.samples.append(sample)
     return out

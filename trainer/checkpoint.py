@@ -19,7 +19,14 @@ from typing import Any
 
 from .lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
 
-__all__ = ["save_checkpoint", "latest_checkpoint", "read_trainer_state", "load_optimizer_state", "CHECKPOINTS"]
+__all__ = [
+    "save_checkpoint",
+    "prune_checkpoints",
+    "latest_checkpoint",
+    "read_trainer_state",
+    "load_optimizer_state",
+    "CHECKPOINTS",
+]
 
 CHECKPOINTS = "checkpoints"
 _STEP = re.compile(r"^step-(\d+)$")
@@ -55,10 +62,15 @@ def save_checkpoint(
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
+    prune_checkpoints(out, keep)
+    return final
+
+
+def prune_checkpoints(out: Path, keep: int) -> None:
+    """Keep only the newest `keep` checkpoints (0 keeps all)."""
     if keep > 0:
         for _, old in _step_dirs(out)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
-    return final
 
 
 def latest_checkpoint(out: Path) -> Path | None:

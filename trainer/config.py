@@ -175,6 +175,12 @@ class RunOptions(BaseModel):
     """Sequences per step when behind an API."""
     wait_timeout: float = Field(600.0, gt=0)
     """Seconds to wait for a batch from --api-url."""
+    nproc_per_node: int = Field(1, ge=1)
+    """Processes (one per GPU) on this node: >1 launches the run through torchrun and shards the model with
+    FSDP2. For several nodes use torchrun itself: torchrun --nnodes M --nproc-per-node N -m atropos_cli train."""
+    dist_timeout: float = Field(1800.0, gt=0)
+    """Many-GPU runs: seconds a rank waits in any collective (a batch from rank 0 included) before the run stops
+    with an error."""
     resume: bool = False
     """Continue from the latest checkpoint in --out."""
     overwrite: bool = False

@@ -20,6 +20,7 @@ API, the in-process env workers), step, write metrics, sync weights to the infer
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections.abc import Callable, Iterable
@@ -29,11 +30,12 @@ from typing import Any, Literal
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
-from . import lora
+from . import fsdp, lora
 from .attention import compile_body, flash_varlen, use_varlen
-from .batching import StaticShape, micro_batches, prepare, static_micro_batches
+from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from .config import GRPOConfig
+from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .precision import Dtype, Precision
@@ -133,13 +135,14 @@ def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
 class GRPOTrainer:
     """Owns the policy, its fp32 master weights (`precision.py`), the optional frozen reference and AdamW."""
 
-    def __init__(self, config: GRPOConfig, model: Any = None, tokenizer: Any = None) -> None:
+    def __init__(self, config: GRPOConfig, model: Any = None, tokenizer: Any = None, dist: Dist | None = None) -> None:
         import torch
 
         self.config = config
         self.loss_cfg = config.loss_config()
         config.check_lora()  # bad --lora-* values fail before any model loads
-        self.device = resolve_device(config.device)
+        self.dist = dist
+        self.device = dist.device if dist is not None else resolve_device(config.device)
         torch.manual_seed(config.seed)
         if model is None:
             model, tokenizer = load_policy(config.model, self.device)
@@ -172,9 +175,28 @@ class GRPOTrainer:
             if self.pack == "static":  # the reference reads the same packed rows
                 use_varlen(self.ref_model)
         dtype = resolve_dtype(config.dtype, self.device)
-        self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
+        # the log-prob forward of the policy and of the reference: plain calls, or the FSDP roots (fsdp.py)
+        self.policy: Any = functools.partial(self._logprobs, self.model)
+        self.reference: Any = functools.partial(self._logprobs, self.ref_model) if self.ref_model is not None else None
+        self.precision: Precision | fsdp.ShardedPrecision
+        if dist is not None:
+            self._shard(dist, dtype != "fp32")
+        else:
+            self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
+        self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
+
+    def _shard(self, dist: Dist, mixed: bool) -> None:
+        """FSDP2 over the run's ranks (fsdp.py): the policy, and a full-model reference on its own."""
+        cfg = self.config
+        view = self.ref_model if self.is_lora else None
+        self.policy = fsdp.shard(self.model, self._logprobs, dist.mesh, mixed, reference=view)
+        if view is not None:
+            self.reference = functools.partial(self.policy, reference=True)
+        elif self.ref_model is not None:
+            self.reference = fsdp.shard(self.ref_model, self._logprobs, dist.mesh, mixed)
+        self.precision = fsdp.ShardedPrecision(self.model, mixed, self.device, cfg.lr, cfg.betas, cfg.weight_decay)
 
     def _logprobs(self, model: Any, mb: Any) -> Any:
         """Log-probs of the trained tokens of a micro-batch, fp32, in its loss layout [samples, T] (0 elsewhere)."""
@@ -218,13 +240,21 @@ class GRPOTrainer:
         norm = Normaliser(len(prepared.samples), sum(s.num_trained for s in prepared.samples))
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
-        for mb in self._micro_batches(prepared.samples):
-            mb = mb.to(self.device)
-            logp = self._logprobs(self.model, mb)
+        batches = self._micro_batches(self._my_samples(prepared.samples))
+        # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers
+        count = self.dist.max_int(len(batches)) if self.dist is not None else len(batches)
+        for i in range(count):
+            if self.dist is not None:  # gradients are reduced once, after the step's last micro-batch
+                self.policy.set_requires_gradient_sync(i == count - 1)
+            mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
+            logp = self.policy(mb)
             ref = None
-            if self.ref_model is not None:
+            if self.reference is not None:
                 with torch.no_grad():
-                    ref = self._logprobs(self.ref_model, mb)
+                    ref = self.reference(mb)
+            if i >= len(batches):
+                (logp.sum() * 0.0).backward()  # joins the collectives, adds nothing
+                continue
             loss = policy_loss(
                 logp,
                 mb.advantages,
@@ -240,26 +270,47 @@ class GRPOTrainer:
                 loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
                 stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
                 stats.add("distill_tokens", covered.sum())
-            loss.backward()
+            # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py)
+            (loss * self.dist.world if self.dist is not None else loss).backward()
             self.precision.after_backward()
             total_loss += loss.detach()
             stats.add("padded_tokens", mb.input_ids.numel())
             stats.add("real_tokens", mb.real_tokens)
         grad_norm = self.precision.step(cfg.grad_clip)
         self.step_count += 1
-        sums = stats.floats()  # the step's one host sync
+        sums = {**stats.floats(), "loss": float(total_loss)}  # the step's one host sync
+        if self.dist is not None:  # every rank's share of the sums
+            sums = self.dist.sum_floats(sums)
         elapsed = time.perf_counter() - started
         return {
             **metrics,
             **_loss_metrics(sums, norm),
-            "loss": float(total_loss),
+            "loss": sums["loss"],
             "grad_norm": float(grad_norm),
             "lr": self.optimizer.param_groups[0]["lr"],
             "step_time_s": elapsed,
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,
         }
 
+    def _my_samples(self, samples: list[Any]) -> list[Any]:
+        """This rank's whole groups of the step (`distributed.assign_groups`); all of them in one process."""
+        if self.dist is None:
+            return samples
+        loads: dict[int, int] = {}
+        for s in samples:
+            loads[s.group] = loads.get(s.group, 0) + len(s.tokens)
+        order = sorted(loads)
+        mine = {order[i] for i in assign_groups([loads[g] for g in order], self.dist.world)[self.dist.rank]}
+        return [s for s in samples if s.group in mine]
+
+    def _filler(self) -> Any:
+        """A two-token micro-batch whose loss is multiplied by zero (a rank with less work than the others)."""
+        filler = Sample(tokens=[0, 0], trained=[True], advantages=[0.0], temperature=1.0, inference_logprobs=None)
+        return self._micro_batches([filler])[0]
+
     def _micro_batches(self, samples: list[Any]) -> list[Any]:
+        if not samples:
+            return []
         if self.pack == "static":
             return static_micro_batches(samples, self.static_shape)
         return micro_batches(samples, self.config.micro_batch_tokens, self.pack == "rows")
@@ -271,10 +322,14 @@ class GRPOTrainer:
             group["lr"] = self.config.lr * factor
 
     def save(self, out: Path) -> Path:
-        state = {"config": self.config.model_dump(mode="json")}
-        return save_checkpoint(
-            out, self.step_count, self.model, self.tokenizer, self.optimizer, state, self.config.keep_checkpoints
-        )
+        """OUT/checkpoints/step-N (sharded: every rank must call it; sharded_checkpoint.py)."""
+        state = {"config": self.config.model_dump(mode="json"), "batches_seen": self.batches_seen}
+        keep = self.config.keep_checkpoints
+        if self.dist is not None:
+            from .sharded_checkpoint import save_sharded
+
+            return save_sharded(out, self.step_count, self, state, keep, self.dist)
+        return save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
 
     @property
     def is_lora(self) -> bool:
@@ -293,6 +348,12 @@ class GRPOTrainer:
         checkpoint = latest_checkpoint(out)
         if checkpoint is None:
             return None
+        if self.dist is not None:
+            from .sharded_checkpoint import load_sharded
+
+            meta = load_sharded(checkpoint, self, self.dist)
+            self.step_count, self.batches_seen = int(meta["step"]), int(meta.get("batches_seen", meta["step"]))
+            return checkpoint
         if self.is_lora:  # the adapter itself, not the merged weights: the base stays bit-identical
             lora.load_adapter(self.model, checkpoint / lora.ADAPTER_DIR)
         else:
@@ -302,7 +363,9 @@ class GRPOTrainer:
             self.model.load_state_dict(loaded.state_dict())
         self.precision.sync_from_model()
         load_optimizer_state(checkpoint, self.optimizer)
-        self.step_count = int(read_trainer_state(checkpoint)["step"])
+        state = read_trainer_state(checkpoint)
+        self.step_count = int(state["step"])
+        self.batches_seen = int(state.get("batches_seen", self.step_count))
         return checkpoint
 
 
@@ -359,6 +422,7 @@ def train(
         return trainer.step_count
     last = time.perf_counter()
     for groups in batches:
+        trainer.batches_seen += 1
         metrics = trainer.step(groups)
         if not metrics.get("skipped"):
             synced = after_step(trainer) if after_step else None

@@ -201,6 +201,19 @@ def save_adapter(model: Any, path: Path) -> Path:
     return path
 
 
+def save_adapter_tensors(model: Any, tensors: dict[str, Any], path: Path) -> Path:
+    """`save_adapter` from gathered tensors (`model.state_dict()` keys, e.g. the whole tensors of a sharded
+    model) instead of the model's own: the same adapter_config.json + adapter_model.safetensors."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    weights = get_peft_model_state_dict(model, state_dict=tensors, adapter_name=ADAPTER, save_embedding_layers=False)
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "adapter_model.safetensors"))
+    model.peft_config[ADAPTER].save_pretrained(str(path))
+    return path
+
+
 def load_adapter(model: Any, path: Path) -> None:
     """Load adapter weights saved by `save_adapter` into the wrapped policy, refusing a partial match."""
     from peft.utils import set_peft_model_state_dict

@@ -34,6 +34,7 @@ class EnvRollouts:
         config_path: str | None,
         server: dict[str, Any],
         backend: Any = None,
+        seed_offset: int = 0,
     ) -> None:
         from atropos_cli.env.loading import resolve_run_config
         from atropos_cli.inference.router import ServerManager
@@ -42,6 +43,8 @@ class EnvRollouts:
         env_cls, self.run_config, self.env_config = resolve_run_config(
             env_spec, dotted_args, config_path, overrides={"openai": server}
         )
+        if seed_offset:  # a many-GPU run's ranks sample different items (rank r: seed + r)
+            self.env_config = self.env_config.model_copy(update={"seed": self.env_config.seed + seed_offset})
         servers = self.run_config.openai
         if backend is None and servers[0].server_type == "local":
             from atropos_cli.inference.local import LocalBackend

@@ -8,6 +8,7 @@ summary says `interrupted` and the CLI exits 130). Child processes it started (v
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
 from .grpo import GRPOTrainer, train
 from .metrics import MetricsSink
-from .sources import FileData
+from .sources import FileData, from_rank0, gathered
 
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
@@ -44,6 +45,8 @@ _RESUMABLE = {
     "run.resume",
     "run.overwrite",
     "run.vllm_sync",
+    "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
+    "run.dist_timeout",
 }
 
 
@@ -101,17 +104,24 @@ def _source(
 
     sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
-    if opts.data:
+    dist = trainer.dist
+    if opts.data:  # every rank reads the same files in the same order; the cursor skips what was trained
         data = _load_data(opts, trainer, on_event)
-        return file_batches(data.groups, opts.groups_per_step, opts.epochs, config.seed), None, data
+        batches = file_batches(data.groups, opts.groups_per_step, opts.epochs, config.seed)
+        return itertools.islice(batches, trainer.batches_seen, None), None, data
     if opts.api_url:
         sync = CheckpointSync(out, opts.sync_every) if opts.inference == "external" else None
+        if dist is not None and not dist.is_main:  # the API sees one trainer: rank 0 pulls, every rank trains
+            return from_rank0(None, dist), sync, None
         batches = api_batches(
             opts.api_url, opts.api_batch_size, config.max_len, config.steps, out / "checkpoints", opts.wait_timeout,
             api_key=os.environ.get("ATROPOS_API_KEY") or None,  # the API's bearer token, as `serve` reads it
             on_wait=on_event,
         )  # fmt: skip
-        return _checked(batches, vocab_size(trainer.model), opts.api_url), sync, None
+        checked = _checked(batches, vocab_size(trainer.model), opts.api_url)
+        return (checked if dist is None else from_rank0(checked, dist)), sync, None
+    if dist is not None and opts.inference != "local":
+        return _rank0_env_loop(opts, config, trainer, stack, dist)
     from .rollouts import EnvRollouts
 
     server: dict[str, Any]
@@ -127,11 +137,14 @@ def _source(
         }
     else:
         server = {}
-    rollouts = EnvRollouts(opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server)
+    rank = dist.rank if dist is not None else 0
+    rollouts = EnvRollouts(opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, seed_offset=rank)
     stack.callback(rollouts.close)
     if opts.inference == "local":
         sync = LocalSync(rollouts.backend)
         sync(trainer)  # a resumed trainer's weights go to the engine before the first rollout
+        if dist is not None:  # data-parallel rollouts: each rank samples its share on its own engine
+            return gathered(rollouts, opts.groups_per_step, dist), sync, rollouts
     elif opts.inference == "vllm":
         from .vllm import VLLMSync
 
@@ -141,6 +154,28 @@ def _source(
         server_config = rollouts.run_config.openai[0]
         sync = CheckpointSync(out, opts.sync_every, server_config.base_url or None, server_config.api_key)
     return rollouts.batches(opts.groups_per_step), sync, rollouts
+
+
+def _rank0_env_loop(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, stack: ExitStack, dist: Any):
+    """A sharded run with --inference external: rank 0 runs the env workers against the user's servers and
+    broadcasts each batch; every rank joins the checkpoint, rank 0 alone asks the server to reload it."""
+    from .rollouts import EnvRollouts
+    from .sync import CheckpointSync
+
+    if opts.inference == "vllm":
+        raise ConfigError(
+            "--inference vllm launches one vLLM server and is not supported with several processes yet",
+            hint="start vLLM (or `atropos inference`) yourself and pass --inference external --openai.base_url URL",
+        )
+    rollouts = None
+    server_url, api_key = None, ""
+    if dist.is_main:
+        rollouts = EnvRollouts(opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, {})
+        stack.callback(rollouts.close)
+        server_url, api_key = rollouts.run_config.openai[0].base_url or None, rollouts.run_config.openai[0].api_key
+    sync = CheckpointSync(Path(config.out), opts.sync_every, server_url, api_key)
+    batches = from_rank0(rollouts.batches(opts.groups_per_step) if rollouts is not None else None, dist)
+    return batches, sync, rollouts
 
 
 def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out: Path) -> Any:
@@ -162,6 +197,16 @@ def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out
         lora_adapter=adapter,
         lora_rank=getattr(config, "lora_r", 0) or 16,
     )
+
+
+class _NoSink:
+    """The metrics sink of a rank other than 0 (rank 0 writes metrics.jsonl for the run)."""
+
+    def write(self, metrics: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def vocab_size(model: Any) -> int:
@@ -220,6 +265,17 @@ def _finish(summary: RunSummary, rewards: list[float], opts: RunOptions, config:
         summary.data_exhausted = not summary.interrupted and summary.steps < config.steps
 
 
+def _join_ranks(opts: RunOptions, config: GRPOConfig) -> Any:
+    """The process group when this run is sharded: under torchrun, or resuming a sharded checkpoint alone."""
+    from .distributed import in_launcher, init_from_env
+    from .sharded_checkpoint import is_sharded
+
+    out = Path(config.out)
+    if in_launcher() or (opts.resume and is_sharded(latest_checkpoint(out))):
+        return init_from_env(config.device, opts.dist_timeout)
+    return None
+
+
 def run_training(
     opts: RunOptions,
     config: GRPOConfig,
@@ -227,8 +283,30 @@ def run_training(
     on_event: Callable[[str], None] = lambda _: None,
 ) -> RunSummary:
     out = Path(config.out)
-    _prepare_out(out, opts, config)
-    trainer = GRPOTrainer(config)
+    dist = _join_ranks(opts, config)
+    try:
+        if dist is None or dist.is_main:
+            _prepare_out(out, opts, config)
+        else:  # one rank speaks: the others train silently and write nothing but their checkpoint shards
+            on_step, on_event = (lambda _: None), (lambda _: None)
+            opts = opts.model_copy(update={"plot": False, "wandb_project": None, "tensorboard": False})
+        if dist is not None:
+            dist.barrier()
+        return _run(opts, config, on_step, on_event, dist)
+    finally:
+        if dist is not None:
+            dist.close()
+
+
+def _run(
+    opts: RunOptions,
+    config: GRPOConfig,
+    on_step: Callable[[dict[str, Any]], None],
+    on_event: Callable[[str], None],
+    dist: Any,
+) -> RunSummary:
+    out = Path(config.out)
+    trainer = GRPOTrainer(config, dist=dist)
     _cap_max_len(trainer, on_event)
     if trainer.is_lora:
         on_event(lora.describe(trainer.model))
@@ -245,7 +323,9 @@ def run_training(
         on_step(metrics)
 
     with ExitStack() as stack:
-        sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
+        sink: Any = _NoSink()
+        if dist is None or dist.is_main:
+            sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
         batches, sync, source = _source(opts, config, trainer, stack, on_event)
         try:

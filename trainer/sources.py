@@ -13,16 +13,26 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from atropos_cli.api.client import TrainerRegistration, iter_batches
-from atropos_cli.errors import ApiWaitTimeout, RecordError
+from atropos_cli.errors import ApiWaitTimeout, AtroposError, RecordError
 from atropos_cli.formats.reader import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["FileData", "load_file_groups", "check_token_ids", "file_batches", "api_batches", "ApiWaitTimeout"]
+__all__ = [
+    "FileData",
+    "load_file_groups",
+    "check_token_ids",
+    "file_batches",
+    "api_batches",
+    "ApiWaitTimeout",
+    "from_rank0",
+    "gathered",
+]
 
 
 MAX_WARNINGS = 10  # bad records printed one by one; the rest are counted
@@ -118,3 +128,40 @@ def api_batches(
         hint="check that env workers run (`atropos serve ENV --api-url ...`) and post groups; "
         "raise --wait-timeout for slow envs",
     )
+
+
+def from_rank0(batches: Iterable[list[ScoredGroup]] | None, dist: Any) -> Iterator[list[ScoredGroup]]:
+    """A many-GPU run's batches when one source feeds it (the trajectory API, rank 0's env workers): rank 0
+    iterates `batches` and broadcasts each; the other ranks pass None and receive. The source ending or
+    failing on rank 0 ends every rank: the failure is raised on rank 0, the others stop with a line saying so."""
+    it = iter(batches) if batches is not None else None
+    while True:
+        message: tuple[str, Any] = ("end", None)
+        if it is not None:
+            try:
+                message = ("batch", next(it))
+            except StopIteration:
+                pass
+            except Exception as exc:
+                dist.broadcast(("error", str(exc)))
+                raise
+        kind, payload = dist.broadcast(message)
+        if kind == "end":
+            return
+        if kind == "error":
+            raise AtroposError(f"rank 0 stopped: {payload}", hint="rank 0's error above says why")
+        yield payload
+
+
+def gathered(rollouts: Any, groups_per_step: int, dist: Any) -> Iterator[list[ScoredGroup]]:
+    """Data-parallel env rollouts: each rank samples its share of `groups_per_step` groups on its own engine
+    (rank r: one more while r < the remainder), then every rank gets the whole batch in rank order."""
+    share = groups_per_step // dist.world + int(dist.rank < groups_per_step % dist.world)
+    for local in rollouts.batches(share) if share else _empty_forever():
+        parts = dist.gather(local)
+        yield [group for part in parts for group in part]
+
+
+def _empty_forever() -> Iterator[list[ScoredGroup]]:
+    while True:
+        yield []

@@ -20,7 +20,8 @@ from typing import Any
 
 from atropos_cli.errors import AtroposError
 
-from .lora import is_lora_model, iter_merged, merged_keys
+from .fsdp import full_weights
+from .lora import is_lora_model, merged_keys
 
 __all__ = ["LocalSync", "CheckpointSync", "copy_weights"]
 
@@ -41,10 +42,10 @@ def copy_weights(source: Any, target: Any) -> int:
             f"inference model has {len(missing)} tensors the trainer lacks, e.g. {missing[0]!r}",
             hint="train and serve the same model (same --model)",
         )
-    # a LoRA source merges one weight at a time: no second full copy of the model exists during the sync
-    tensors = iter_merged(source, fp32=True) if lora else source.state_dict().items()
+    # a LoRA source merges one weight at a time, a sharded one gathers one weight at a time (fsdp.full_weights):
+    # no second full copy of the model exists during the sync
     with torch.no_grad():
-        for key, tensor in tensors:
+        for key, tensor in full_weights(source):
             if key in dst:
                 dst[key].copy_(tensor)
     return len(dst)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Literal
 
 __all__ = [
+    "RankFailed",
     "EXIT_RUNTIME",
     "EXIT_USAGE",
     "EXIT_INTERRUPTED",
@@ -251,6 +252,10 @@ class EnvCodeError(AtroposError):
 
 class RunAborted(AtroposError):
     """The run cannot continue (server unreachable, or every group failing the same way)."""
+
+
+class RankFailed(AtroposError):
+    """A process of a many-GPU run died or exited with an error; the launcher stopped every other rank."""
 
 
 class JudgeOutputError(AtroposError):

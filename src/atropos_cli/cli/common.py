@@ -11,6 +11,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from typer.core import TyperCommand, TyperOption
 
 from atropos_cli.config import NAMESPACES
@@ -25,14 +26,15 @@ err_console = Console(stderr=True, highlight=False)
 def fail(message: str, hint: str | None = None, code: int = EXIT_RUNTIME) -> typer.Exit:
     """Print a one-line error (and hint) to stderr and return the Exit to raise (pass code=EXIT_USAGE for a usage
     error; library code raises an `AtroposError` instead, which carries its own code)."""
-    err_console.print(f"[bold red]error:[/] {message}", markup=True, soft_wrap=True)
+    # the texts are data, never markup: "[...]" in a message (a path, a torch error) is printed as it is
+    err_console.print(f"[bold red]error:[/] {escape(message)}", markup=True, soft_wrap=True)
     if hint:
-        err_console.print(f"[yellow]hint:[/] {hint}", markup=True, soft_wrap=True)
+        err_console.print(f"[yellow]hint:[/] {escape(hint)}", markup=True, soft_wrap=True)
     return typer.Exit(code)
 
 
 def warn(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {message}", markup=True, soft_wrap=True)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", markup=True, soft_wrap=True)
 
 
 @contextmanager

@@ -120,12 +120,34 @@ def train_command(
             _run_sft(sft, values, out or Path("runs/sft"))
             return
         _load_trainer()
+        grpo, opts = _configs(values, env, out, list(ctx.args), config)
+        if opts.nproc_per_node > 1 and not _in_launcher():
+            from atropos_cli.quiet import verbose
+            from atropos_cli.trainer.launch import launch
+
+            launch(opts.nproc_per_node, sys.argv[1:], verbose())  # each rank re-runs this command
+            return
         from atropos_cli.trainer.run import run_training
 
-        grpo, opts = _configs(values, env, out, list(ctx.args), config)
         show = lambda m: console.print(_fmt(m, grpo.steps), soft_wrap=True)  # noqa: E731
         event = lambda m: err_console.print(m, soft_wrap=True, markup=False)  # noqa: E731
-        _report(run_training(opts, grpo, show, event), grpo.steps)
+        summary = run_training(opts, grpo, show, event)
+        if _rank() == 0:  # one rank of a many-GPU run reports
+            _report(summary, grpo.steps)
+        elif summary.interrupted:
+            sys.exit(EXIT_INTERRUPTED)
+
+
+def _in_launcher() -> bool:
+    from atropos_cli.trainer.distributed import in_launcher
+
+    return in_launcher()
+
+
+def _rank() -> int:
+    from atropos_cli.trainer.distributed import world_from_env
+
+    return world_from_env()[0]
 
 
 def _layered(ctx: typer.Context, settings: dict[str, Any], config: Path | None) -> dict[str, Any]:

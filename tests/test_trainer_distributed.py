@@ -1,0 +1,168 @@
+"""Many-process training on a CPU: `atropos train --nproc-per-node 2` (torchrun, gloo, FSDP2) against one process.
+
+Every run here is the real CLI in a subprocess: torchrun starts the ranks, they join a gloo group on
+127.0.0.1, shard the shipped model with FSDP2 and write checkpoints; the tests compare metrics.jsonl and the
+consolidated safetensors with those of a plain one-process run on the same batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+from atropos_cli.trainer.distributed import assign_groups  # noqa: E402
+
+ATROPOS = [sys.executable, "-m", "atropos_cli"]
+TOL = 2e-5  # fp32: the ranks sum their shares of the gradient in another order than one process does
+
+
+def _run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*ATROPOS, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="module")
+def rollouts(tmp_path_factory) -> Path:
+    """Real arithmetic rollouts of the shipped model: 14 groups of 4, with token ids."""
+    out = tmp_path_factory.mktemp("rollouts") / "run"
+    result = _run("process", "arithmetic", "--out", str(out), "--env.total_steps", "14", "--env.group_size", "4")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def _train(out: Path, data: Path, *extra: str, steps: int = 2) -> subprocess.CompletedProcess:
+    args = ["train", "--data", str(data), "--out", str(out), "--steps", str(steps), "--save-every", "1"]
+    # 3 groups a step: an odd count, so two ranks get unequal shares (and one rank a filler micro-batch)
+    result = _run(*args, "--groups-per-step", "3", "--lr", "1e-3", "--keep-checkpoints", "0", *extra)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result
+
+
+def _metrics(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _weights(out: Path, step: int) -> dict:
+    return safetensors_torch.load_file(str(out / "checkpoints" / f"step-{step}" / "model.safetensors"))
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k].float() - b[k].float()).abs().max()) for k in a)
+
+
+def test_groups_are_split_whole_and_balanced_by_tokens():
+    assert assign_groups([10, 40, 30, 20], 2) == [[0, 1], [2, 3]]  # 40+10 vs 30+20
+    assert assign_groups([5, 5, 5], 2) == [[0, 2], [1]]  # an odd count: unequal, nothing dropped
+    assert assign_groups([7], 3) == [[0], [], []]  # fewer groups than ranks: the others run fillers
+    assert sorted(i for r in assign_groups(list(range(9)), 4) for i in r) == list(range(9))
+
+
+def test_two_ranks_train_like_one_process(rollouts: Path, tmp_path: Path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(one, rollouts)
+    result = _train(two, rollouts, "--nproc-per-node", "2")
+    assert result.stdout.count("trained 2 steps") == 1  # one rank reports
+    for a, b in zip(_metrics(one), _metrics(two), strict=True):
+        assert a["sequences"] == b["sequences"] and a["trained_tokens"] == b["trained_tokens"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=TOL)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=TOL)
+    assert _max_diff(_weights(one, 2), _weights(two, 2)) < TOL
+    assert (two / "checkpoints" / "step-2" / "sharded" / ".metadata").is_file()
+    state = json.loads((two / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert state["world_size"] == 2 and state["batches_seen"] == 2
+
+
+def test_resume_is_exact_on_the_same_world_size_and_reshards_onto_one_process(rollouts: Path, tmp_path: Path):
+    straight, same, fewer = tmp_path / "straight", tmp_path / "same", tmp_path / "fewer"
+    _train(straight, rollouts, "--nproc-per-node", "2", steps=2)
+    for out in (same, fewer):
+        _train(out, rollouts, "--nproc-per-node", "2", steps=1)
+    _train(same, rollouts, "--nproc-per-node", "2", "--resume", steps=2)
+    _train(fewer, rollouts, "--resume", steps=2)  # a plain run resumes the sharded checkpoint alone
+    expected = _weights(straight, 2)
+    assert _max_diff(expected, _weights(same, 2)) == 0.0  # bit-exact: same shards, data cursor, RNG
+    assert _max_diff(expected, _weights(fewer, 2)) < TOL
+    # the data cursor: the resumed runs trained step 2 on the same batch as the straight run
+    assert _metrics(same)[-1]["sequences"] == _metrics(straight)[-1]["sequences"]
+
+
+def test_lora_and_kl_train_sharded_like_one_process(rollouts: Path, tmp_path: Path):
+    for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"]):
+        one, two = tmp_path / f"one{flags[0]}", tmp_path / f"two{flags[0]}"
+        _train(one, rollouts, *flags, steps=1)
+        _train(two, rollouts, *flags, "--nproc-per-node", "2", steps=1)
+        assert _metrics(two)[0]["grad_norm"] == pytest.approx(_metrics(one)[0]["grad_norm"], rel=TOL), flags
+        assert _max_diff(_weights(one, 1), _weights(two, 1)) < TOL, flags
+    assert (tmp_path / "two--lora-r" / "checkpoints" / "step-1" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_behind_a_trajectory_api_rank_0_pulls_and_every_rank_trains(rollouts: Path, tmp_path: Path, trajectory_api):
+    groups = [json.loads(line) for line in (rollouts / "groups.jsonl").read_text().splitlines()]
+    with trajectory_api() as api:
+        registration = {"wandb_group": "t", "wandb_project": "t", "batch_size": 8, "max_token_len": 256}
+        registration |= {"checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 2}
+        httpx.post(f"{api.url}/register", json=registration).raise_for_status()  # the queue opens on register
+        for group in groups[:8]:
+            httpx.post(f"{api.url}/scored_data", json=group).raise_for_status()
+        out = tmp_path / "run"
+        args = ["--api-url", api.url, "--batch-size", "8", "--wait-timeout", "20", "--nproc-per-node", "2"]
+        result = _run("train", "--out", str(out), "--steps", "2", "--lr", "1e-3", *args)
+        assert result.returncode == 0, result.stdout + result.stderr
+        status = httpx.get(f"{api.url}/status").json()
+    assert [m["groups"] for m in _metrics(out)] == [2, 2]  # batches of 8 sequences = 2 groups of 4
+    assert status["current_step"] == 2  # the API served two batches: one trainer pulled them
+
+
+def test_a_killed_rank_stops_the_run_with_an_error_naming_it(rollouts: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    args = ["train", "--data", str(rollouts), "--out", str(out), "--steps", "100000", "--epochs", "100000"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    launcher = subprocess.Popen(
+        [*ATROPOS, *args, "--groups-per-step", "2", "--save-every", "0", "--nproc-per-node", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "the run never stepped"
+            time.sleep(0.2)
+        rank1 = _rank_pid(launcher.pid, rank=1)
+        os.kill(rank1, signal.SIGKILL)
+        stdout, stderr = launcher.communicate(timeout=60)  # no hang: the launcher stops rank 0 too
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    assert launcher.returncode != 0
+    assert f"rank 1 of 2 (pid {rank1}) was killed by SIGKILL" in stderr, stderr
+    assert "Traceback" not in stderr
+
+
+def _rank_pid(launcher: int, rank: int) -> int:
+    """The pid of `rank` among the launcher's children (torchrun sets RANK in each child's environment)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError, ValueError):
+            continue
+        if ppid == launcher and f"RANK={rank}".encode() in environ:
+            return int(entry.name)
+    raise AssertionError(f"no child of {launcher} has RANK={rank}")

@@ -1,0 +1,57 @@
+"""`atropos train --nproc-per-node N`: start N copies of the same command through torchrun's launcher.
+
+Where it sits: `cli/train.py` calls `launch(...)` when N > 1 and this process is not itself a rank; each rank
+then runs `python -m atropos_cli train <the same flags>` with torchrun's environment and joins the process
+group (distributed.py). On one node the rendezvous is local (`--standalone`); for several nodes the user runs
+torchrun with its own rendezvous flags instead. When a rank dies or fails, torchrun stops every other rank and
+this raises `RankFailed` naming the first rank that failed and how, so a run never hangs on a dead peer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+from atropos_cli.errors import RankFailed
+
+__all__ = ["launch"]
+
+MONITOR_INTERVAL_S = 0.5  # how often the launcher checks its ranks (a dead one stops the run this fast)
+
+
+def launch(nproc: int, argv: list[str], verbose: bool = False) -> None:
+    """Run `python -m atropos_cli *argv` on `nproc` local ranks; returns when all succeeded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    if not verbose:  # torchrun's agent logs every start/stop at WARNING; our ranks say what matters
+        for name in ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    args = get_args_parser().parse_args(
+        [
+            "--standalone",
+            f"--nproc-per-node={nproc}",
+            "--max-restarts=0",
+            f"--monitor-interval={MONITOR_INTERVAL_S}",
+            "-m",
+            "atropos_cli",
+            *argv,
+        ]
+    )
+    try:
+        run(args)
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        if failure.signal_name() != "<N/A>" and failure.exitcode < 0:
+            how = f"was killed by {failure.signal_name()}"
+        else:
+            how = f"exited with code {failure.exitcode}"
+        error = RankFailed(
+            f"rank {rank} of {nproc} (pid {failure.pid}) {how}; the other ranks were stopped",
+            hint="rank errors are printed above; a kill without one is often the out-of-memory killer "
+            "(check dmesg), and --resume continues from the last checkpoint",
+        )
+        if failure.exitcode > 0:
+            error.exit_code = failure.exitcode
+        raise error from None
