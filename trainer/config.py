@@ -104,6 +104,9 @@ class GRPOConfig(BaseModel):
     --micro-batch-tokens tokens with varlen flash attention (one shape: compiled once); off on CPU."""
     activation_memory_budget: float | None = Field(None, gt=0, le=1)
     """With --compile: the fraction (0-1] of activations the backward keeps; the cheapest rest is recomputed."""
+    grad_sync: Literal["step", "micro-batch"] = "step"
+    """Many-GPU runs: reduce-scatter gradients once per step (less communication; each rank holds one unsharded
+    fp32 gradient, 4 bytes x parameters) or after every micro-batch (sharded gradients: what a 7B model needs)."""
     lora_r: int = 0
     """LoRA rank (peft): 0 trains every weight, >0 only adapters."""
     lora_alpha: int | None = None

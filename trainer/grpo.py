@@ -244,7 +244,7 @@ class GRPOTrainer:
         # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers
         count = self.dist.max_int(len(batches)) if self.dist is not None else len(batches)
         for i in range(count):
-            if self.dist is not None:  # gradients are reduced once, after the step's last micro-batch
+            if self.dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
             logp = self.policy(mb)

@@ -46,6 +46,7 @@ _RESUMABLE = {
     "run.overwrite",
     "run.vllm_sync",
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
+    "grpo.grad_sync",
     "run.dist_timeout",
 }
 

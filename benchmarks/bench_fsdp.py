@@ -1,0 +1,225 @@
+"""Many-GPU GRPO steps (FSDP2 through torchrun): tokens/s per GPU at 1, 2 and 4 GPUs, MFU and peak memory.
+
+Weak scaling, as the issue asks: every GPU gets 64 sequences a step (lengths uniform in 128-1024, new lengths
+every step, groups of 8; the same batches as benchmarks/bench_trainer.py's mixed rows), so a 4-GPU step
+trains 256 sequences. Rows (each a fresh torchrun launch, all in one run on one machine):
+
+- `plain`: the one-process trainer (no torchrun, no FSDP; bf16 weights + fp32 master), the 1-GPU reference;
+- `fsdp N`: N ranks, FSDP2 (bf16 compute, fp32 sharded master weights and gradient reduction);
+- larger shapes (Qwen2.5-1.5B/3B/7B, random weights) at 4 GPUs, full fine-tuning and LoRA r=16.
+
+Weak-scaling efficiency = (tokens/s per GPU at N) / (tokens/s of the `plain` 1-GPU row). MFU counts model
+FLOPs only, as bench_trainer.py does (6 x matmul params + 12 x layers x hidden x seq per token, at the
+token-weighted length), against 989 TFLOP/s per GPU (H100 dense bf16).
+
+    python benchmarks/bench_fsdp.py --rows plain,0.5b:1,0.5b:2,0.5b:4 --out results.md   # the driver
+    python benchmarks/bench_fsdp.py --tiny --device cpu --rows plain,tiny:2 --steps 1       # smoke test (gloo)
+
+The driver launches `python -m torch.distributed.run --standalone --nproc-per-node N bench_fsdp.py --worker
+...` per row; each worker prints one JSON line that the driver turns into a table row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vocab, tied)
+    "tiny": (64, 128, 2, 4, 2, 512, True),
+    "0.5b": (896, 4864, 24, 14, 2, 151936, True),
+    "1.5b": (1536, 8960, 28, 12, 2, 151936, True),
+    "3b": (2048, 11008, 36, 16, 2, 151936, True),
+    "7b": (3584, 18944, 28, 28, 4, 152064, False),
+}
+
+
+def qwen(shape: str):
+    from transformers import Qwen2Config
+
+    hidden, inter, layers, heads, kv, vocab, tied = SHAPES[shape]
+    return Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        max_position_embeddings=32768,
+        rope_theta=1000000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=tied,
+    )
+
+
+def worker(args) -> None:
+    import torch
+    from bench_trainer import make_groups
+    from transformers import AutoModelForCausalLM
+
+    from atropos_cli.trainer.config import GRPOConfig
+    from atropos_cli.trainer.distributed import init_from_env, world_from_env
+    from atropos_cli.trainer.grpo import GRPOTrainer
+
+    rank, world = world_from_env()
+    dist = init_from_env(args.device, 1800) if not args.plain else None
+    device = dist.device if dist is not None else args.device
+    cfg = qwen(args.shape)
+    torch.manual_seed(0)
+    with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    if cfg.tie_word_embeddings:
+        matmul_params += cfg.vocab_size * cfg.hidden_size
+    config = GRPOConfig(
+        out=tempfile.mkdtemp(prefix="bench-fsdp-"),
+        device=device,
+        lr=1e-6,
+        max_len=args.seq_len + 1,
+        micro_batch_tokens=args.micro_batch_tokens,
+        gradient_checkpointing=args.gc,
+        lora_r=args.lora_r,
+        grad_sync=args.grad_sync,
+        compile=False if args.no_compile else None,
+    )
+    trainer = GRPOTrainer(config, model=model, dist=dist)
+    seqs = args.seqs * world
+    batches = [
+        make_groups(seqs, args.seq_len, 8, cfg.vocab_size, seed=s, min_len=args.min_len)
+        for s in range(args.warmup + args.steps)
+    ]
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    started = time.perf_counter()
+    for batch in batches[: args.warmup]:
+        trainer.step(batch)
+    sync()
+    first = time.perf_counter() - started
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    losses = []
+    for batch in batches[args.warmup :]:
+        losses.append(trainer.step(batch)["loss"])
+    sync()
+    elapsed = time.perf_counter() - started
+    timed = batches[args.warmup :]
+    lengths = [len(t) for b in timed for g in b for t in g.tokens]
+    tokens = sum(lengths)
+    weighted = sum(n * n for n in lengths) / tokens
+    fpt = 6 * matmul_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * weighted
+    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
+    peaks = dist.gather(peak) if dist is not None else [peak]
+    if rank == 0:
+        per_gpu = tokens / elapsed / world
+        row = {
+            "world": world,
+            "tokens_per_s_per_gpu": per_gpu,
+            "mfu": per_gpu * fpt / 989.4e12,
+            "peak_gib": max(peaks),
+            "s_per_step": elapsed / len(timed),
+            "warmup_s": first,
+            "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
+            "loss": losses[-1],
+        }
+        print("ROW " + json.dumps(row), flush=True)
+    if dist is not None:
+        dist.close()
+
+
+def run_row(spec: str, args) -> dict:
+    """One row: 'plain' or 'SHAPE:N[:lora16][:gc][:micro]' -> its measurements (or the failure)."""
+    parts = spec.split(":")
+    shape, n = ("0.5b" if not args.tiny else "tiny", 1) if parts[0] == "plain" else (parts[0], int(parts[1]))
+    extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
+    extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
+    for flag in parts[2:]:
+        if flag.startswith("lora"):
+            extra += ["--lora-r", flag[4:]]
+        elif flag == "gc":
+            extra += ["--gc"]
+        elif flag == "micro":
+            extra += ["--grad-sync", "micro-batch"]
+        elif flag.startswith("mbt"):
+            extra += ["--micro-batch-tokens", flag[3:]]
+    if args.no_compile:
+        extra.append("--no-compile")
+    script = [str(Path(__file__).resolve()), "--worker", *extra]
+    if parts[0] == "plain":
+        command = [sys.executable, *script, "--plain"]
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *script]
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.row_timeout)
+    for line in result.stdout.splitlines():
+        if line.startswith("ROW "):
+            return {"spec": spec, **json.loads(line[4:])}
+    tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
+    return {"spec": spec, "error": " / ".join(tail)[-300:]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--worker", action="store_true")
+    parser.add_argument("--plain", action="store_true", help="worker: one process, no FSDP")
+    parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
+    parser.add_argument("--tiny", action="store_true", help="driver: the tiny shape for `plain` (smoke test)")
+    parser.add_argument("--rows", default="plain,0.5b:1,0.5b:2,0.5b:4")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--seqs", type=int, default=64, help="sequences per GPU per step")
+    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--min-len", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--lora-r", type=int, default=0)
+    parser.add_argument("--gc", action="store_true")
+    parser.add_argument("--grad-sync", default="step")
+    parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--row-timeout", type=float, default=480)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    import torch
+
+    card = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    lines = [
+        f"# many-GPU trainer (FSDP2): {torch.cuda.device_count()} x {card}, torch {torch.__version__}",
+        f"{args.seqs} sequences per GPU per step, lengths uniform in {args.min_len}-{args.seq_len}, groups of 8; "
+        f"{args.steps} timed steps after {args.warmup} warm-up steps; random weights",
+        "",
+        "| row | GPUs | params (B) | tokens/s per GPU | weak-scaling eff. | MFU | peak GiB/GPU | s/step | warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    base = None
+    plain_shape = "tiny" if args.tiny else "0.5b"
+    for spec in args.rows.split(","):
+        r = run_row(spec, args)
+        if "error" in r:
+            line = f"| {spec} | failed: {r['error']} |"
+        else:
+            base = base or (r["tokens_per_s_per_gpu"] if spec == "plain" else None)
+            same_shape = spec.split(":")[0] == plain_shape and ":lora" not in spec
+            eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base and same_shape else ""
+            line = (
+                f"| {spec} | {r['world']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | {eff} "
+                f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} |"
+            )
+        lines.append(line)
+        print(line, flush=True)
+    if args.out:
+        Path(args.out).write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
