@@ -29,8 +29,8 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+# the package must be installed (pip install -e . here; its wheel on a GPU machine): `atropos_cli.trainer` lives in
+# the top-level trainer/ folder, so putting src/ on sys.path is not enough
 CARRIED = "/tmp/site"  # wheels carried to the GPU machine; appended, so the machine's own packages win
 if Path(CARRIED).is_dir():
     sys.path.append(CARRIED)
