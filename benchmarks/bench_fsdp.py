@@ -65,10 +65,14 @@ def worker(args) -> None:
     from bench_trainer import make_groups
     from transformers import AutoModelForCausalLM
 
+    import atropos_cli.trainer.fsdp as fsdp
     from atropos_cli.trainer.config import GRPOConfig
     from atropos_cli.trainer.distributed import init_from_env, world_from_env
     from atropos_cli.trainer.grpo import GRPOTrainer
 
+    knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights; f: forward-only
+    fsdp.RESHARD_LAYERS = "r" not in knobs  # compile (FSDP hooks outside the compiled graphs)
+    fsdp.COMPILE_FORWARD_ONLY = "f" in knobs
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
     device = dist.device if dist is not None else args.device
@@ -111,6 +115,13 @@ def worker(args) -> None:
     sync()
     elapsed = time.perf_counter() - started
     timed = batches[args.warmup :]
+    if args.profile and rank == 0:  # one more step under the profiler: where the host time goes
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            trainer.step(timed[-1])
+            sync()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
     lengths = [len(t) for b in timed for g in b for t in g.tokens]
     tokens = sum(lengths)
     weighted = sum(n * n for n in lengths) / tokens
@@ -149,6 +160,12 @@ def run_row(spec: str, args) -> dict:
             extra += ["--grad-sync", "micro-batch"]
         elif flag.startswith("mbt"):
             extra += ["--micro-batch-tokens", flag[3:]]
+        elif flag.startswith("k="):
+            extra += ["--knobs", flag[2:]]
+        elif flag == "prof":
+            extra += ["--profile"]
+        elif flag == "nocompile":
+            extra += ["--no-compile"]
     if args.no_compile:
         extra.append("--no-compile")
     script = [str(Path(__file__).resolve()), "--worker", *extra]
@@ -157,7 +174,11 @@ def run_row(spec: str, args) -> dict:
     else:
         command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}", *script]
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
+    if args.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = args.gpu
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.row_timeout)
+    if "--profile" in extra:
+        print(result.stdout, flush=True)
     for line in result.stdout.splitlines():
         if line.startswith("ROW "):
             return {"spec": spec, **json.loads(line[4:])}
@@ -183,6 +204,9 @@ def main() -> None:
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--grad-sync", default="step")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
+    parser.add_argument("--knobs", default="", help="worker: r (no reshard after forward), f (forward-only compile)")
+    parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
     parser.add_argument("--row-timeout", type=float, default=480)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()

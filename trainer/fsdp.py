@@ -29,6 +29,12 @@ from atropos_cli.errors import ModelLoadError
 
 from . import lora
 
+# Measured choices (benchmarks/bench_fsdp.py): whether layers re-gather their weights for the backward
+# (True: ZeRO-3 memory) or keep them gathered from the forward (False: fewer gathers, more memory), and whether
+# the compiled layers leave FSDP's hooks outside their graphs.
+RESHARD_LAYERS = True
+COMPILE_FORWARD_ONLY = False
+
 __all__ = ["LogprobModule", "shard", "ShardedPrecision", "full_tensor", "full_weights", "decoder_layers"]
 
 
@@ -67,7 +73,7 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
     param_dtype = torch.bfloat16 if mixed else None
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=layer_policy)
+        fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=RESHARD_LAYERS)
     root = LogprobModule(model, compute, reference)
     # the root's inputs are a micro-batch whose fp32 tensors (temperatures, advantages) must stay fp32
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
