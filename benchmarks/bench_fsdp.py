@@ -71,7 +71,7 @@ def worker(args) -> None:
     from atropos_cli.trainer.grpo import GRPOTrainer
 
     knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights; f: forward-only
-    fsdp.RESHARD_LAYERS = "r" not in knobs  # compile (FSDP hooks outside the compiled graphs)
+    fsdp.RESHARD_LAYERS = False if "r" in knobs else None  # compile (FSDP hooks outside the compiled graphs)
     fsdp.COMPILE_FORWARD_ONLY = "f" in knobs
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
@@ -151,7 +151,7 @@ def run_row(spec: str, args) -> dict:
     shape, n = ("0.5b" if not args.tiny else "tiny", 1) if parts[0] == "plain" else (parts[0], int(parts[1]))
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
-    for flag in parts[2:]:
+    for flag in parts[1:] if parts[0] == "plain" else parts[2:]:
         if flag.startswith("lora"):
             extra += ["--lora-r", flag[4:]]
         elif flag == "gc":
@@ -232,7 +232,7 @@ def main() -> None:
         if "error" in r:
             line = f"| {spec} | failed: {r['error']} |"
         else:
-            base = base or (r["tokens_per_s_per_gpu"] if spec == "plain" else None)
+            base = base or (r["tokens_per_s_per_gpu"] if spec.startswith("plain") else None)
             same_shape = spec.split(":")[0] == plain_shape and ":lora" not in spec
             eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base and same_shape else ""
             line = (

@@ -32,7 +32,7 @@ from . import lora
 # Measured choices (benchmarks/bench_fsdp.py): whether layers re-gather their weights for the backward
 # (True: ZeRO-3 memory) or keep them gathered from the forward (False: fewer gathers, more memory), and whether
 # the compiled layers leave FSDP's hooks outside their graphs.
-RESHARD_LAYERS = True
+RESHARD_LAYERS: bool | None = None  # None: reshard when there are several ranks (one rank saves no memory by it)
 COMPILE_FORWARD_ONLY = False
 
 __all__ = ["LogprobModule", "shard", "ShardedPrecision", "full_tensor", "full_weights", "decoder_layers"]
@@ -72,8 +72,9 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
 
     param_dtype = torch.bfloat16 if mixed else None
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
+    reshard = mesh.size() > 1 if RESHARD_LAYERS is None else RESHARD_LAYERS
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=RESHARD_LAYERS)
+        fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=reshard)
     root = LogprobModule(model, compute, reference)
     # the root's inputs are a micro-batch whose fp32 tensors (temperatures, advantages) must stay fp32
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
