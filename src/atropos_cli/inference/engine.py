@@ -319,6 +319,17 @@ class StaticEngine:
     # -- the call -----------------------------------------------------------------------------------------
     def run(self, rows: list[RowRequest]) -> list[RowResult]:
         """Sample every row (queued when there are more rows than slots); results in row order."""
+        import contextlib
+
+        import torch
+
+        # the model's GPU is made current for this call: it may run on a worker thread, whose current device is
+        # cuda:0 whatever the process chose (a many-GPU run's rank on cuda:2 would capture its graphs on cuda:0)
+        on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        with on_device:
+            return self._run(rows)
+
+    def _run(self, rows: list[RowRequest]) -> list[RowResult]:
         import torch
 
         results = [RowResult([], []) for _ in rows]
