@@ -32,7 +32,8 @@ from . import lora
 # Measured choices (benchmarks/bench_fsdp.py): whether layers re-gather their weights for the backward
 # (True: ZeRO-3 memory) or keep them gathered from the forward (False: fewer gathers, more memory), and whether
 # the compiled layers leave FSDP's hooks outside their graphs.
-RESHARD_LAYERS: bool | None = None  # None: reshard when there are several ranks (one rank saves no memory by it)
+RESHARD_LAYERS: bool | None = None  # None: the rule in `_reshard_layers`
+KEEP_GATHERED_FRACTION = 1 / 8  # layers stay gathered when the whole bf16 model is under this much of a GPU
 COMPILE_FORWARD_ONLY = False
 
 __all__ = ["LogprobModule", "shard", "ShardedPrecision", "full_tensor", "full_weights", "decoder_layers"]
@@ -72,7 +73,7 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
 
     param_dtype = torch.bfloat16 if mixed else None
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    reshard = mesh.size() > 1 if RESHARD_LAYERS is None else RESHARD_LAYERS
+    reshard = _reshard_layers(model, mesh) if RESHARD_LAYERS is None else RESHARD_LAYERS
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=reshard)
     root = LogprobModule(model, compute, reference)
@@ -80,6 +81,20 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
     root_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
     fully_shard(root, mesh=mesh, mp_policy=root_policy, reshard_after_forward=False)
     return root
+
+
+def _reshard_layers(model: Any, mesh: Any) -> bool:
+    """Re-gather each layer's weights for the backward (ZeRO-3) or keep them from the forward: keeping them saves
+    one all-gather per layer and micro-batch (measured +17% tokens/s on 4 GPUs, 0.5B shape) at the cost of one
+    layer-sized bf16 copy per layer, so it is done when the whole bf16 model is a small part of the GPU (0.5-3B on
+    an 80 GB card; a 7B model reshards). One rank saves no memory by resharding, so it never does."""
+    if mesh.size() == 1:
+        return False
+    if mesh.device_type != "cuda":
+        return True
+    bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
+    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return bf16_bytes > KEEP_GATHERED_FRACTION * gpu_bytes
 
 
 def full_tensor(tensor: Any) -> Any:
