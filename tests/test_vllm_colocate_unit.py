@@ -127,7 +127,7 @@ def test_a_lora_run_hands_over_merged_weights_under_the_plain_names(tmp_path: Pa
 
 @pytest.mark.parametrize(
     ("device", "world", "needle"),
-    [("cuda:1", "1", "CUDA_VISIBLE_DEVICES=1 and --device cuda"), ("cpu", "2", "--inference vllm (a vLLM server)")],
+    [("cuda:1", "1", "CUDA_VISIBLE_DEVICES=1 and --device cuda"), ("cpu", "2", "--inference external")],
 )
 def test_one_process_on_one_device_is_checked_before_vllm_starts(
     device: str, world: str, needle: str, monkeypatch: pytest.MonkeyPatch

@@ -339,12 +339,12 @@ def check_can_colocate(nproc_per_node: int = 1) -> None:
 
 def _check_one_device(device: str) -> None:
     """vLLM takes the process's current device, in one process: refuse what would put it elsewhere."""
-    check_can_colocate()
     if device.startswith("cuda:") and device != "cuda:0":
         raise ConfigError(
             f"--inference vllm-colocate puts vLLM on the current CUDA device, not on --device {device}",
             hint=f"select the card with CUDA_VISIBLE_DEVICES={device.split(':')[1]} and --device cuda",
         )
+    check_can_colocate()
 
 
 def start_colocated(trainer: Any, opts: Any, on_event: Any = lambda _: None) -> ColocatedVLLM:
