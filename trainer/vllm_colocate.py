@@ -172,7 +172,7 @@ class ColocatedVLLM:
                 hint="drop --vllm-sleep-mode (it frees GPU memory during the optimizer step; CUDA builds only)",
             )
         self.model, self.dtype, self.sleep_mode = resolve_model_path(model), dtype, sleep_mode
-        self.max_model_len, self.asleep, self.loads = max_model_len, False, 0
+        self.max_model_len, self.asleep = max_model_len, False
         try:
             self.llm = LLM(
                 model=self.model, dtype=dtype, max_model_len=max_model_len, gpu_memory_utilization=memory,
@@ -209,7 +209,6 @@ class ColocatedVLLM:
                 "vLLM refused to reset its prefix cache after a weight load (requests still running)",
                 hint="weights are loaded between steps only; report this with the run's log",
             )
-        self.loads += 1
         return count
 
     def probe_logprobs(self, ids: list[int]) -> list[float]:
