@@ -88,7 +88,7 @@ def test_unknown_loss_is_refused_before_loading_anything(tmp_path: Path):
 def test_bad_inference_and_missing_data(tmp_path: Path, tiny_model: Path):
     bad = runner.invoke(app, ["train", "--inference", "tgi", "--out", str(tmp_path / "a")])
     flat = " ".join(bad.output.replace("│", " ").split())  # click's usage error comes in a wrapped box
-    assert bad.exit_code == 2 and "'tgi' is not one of 'local', 'vllm', 'external'" in flat
+    assert bad.exit_code == 2 and "'tgi' is not one of 'local', 'vllm', 'vllm-colocate', 'external'" in flat
     missing = runner.invoke(
         app, ["train", "--data", str(tmp_path / "nope.jsonl"), "--model", str(tiny_model), "--out", str(tmp_path / "b")]
     )

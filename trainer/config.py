@@ -156,10 +156,11 @@ class RunOptions(BaseModel):
     """Train on rollout files (jsonl/parquet/run dirs)."""
     api_url: str | None = None
     """Register as the trainer of this trajectory API."""
-    inference: Literal["local", "vllm", "external"] = "local"
-    """Engine of the one-command loop: local, vllm or external."""
+    inference: Literal["local", "vllm", "vllm-colocate", "external"] = "local"
+    """Engine of the one-command loop: local, vllm (a vLLM server we launch), vllm-colocate (vLLM in this process,
+    on the trainer's device) or external."""
     sync_every: int = Field(1, ge=1)
-    """vllm/external: sync weights every N steps."""
+    """vllm/vllm-colocate/external: sync weights every N steps."""
     vllm_python: str | None = None
     """Python of the venv that has vLLM."""
     vllm_port: int = 9001
@@ -170,6 +171,15 @@ class RunOptions(BaseModel):
     """Extra vLLM server flags, e.g. '--gpu-memory-utilization 0.5' (split like a shell line)."""
     vllm_sync: Literal["reload", "restart", "auto"] = "auto"
     """vllm: reload (weights in place, no restart), restart, or auto (reload if possible)."""
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0, lt=1)
+    """vllm-colocate: fraction of the device's memory vLLM takes (its weights + KV cache); the trainer keeps the
+    rest."""
+    vllm_sleep_mode: bool = False
+    """vllm-colocate: free vLLM's GPU memory while the optimizer steps (llm.sleep(level=1): weights to host
+    memory, KV cache dropped; woken before the next sampling). CUDA builds of vLLM only."""
+    vllm_probe_tolerance: float | None = Field(None, gt=0)
+    """vllm-colocate: mean |logprob difference| per token allowed between vLLM and the trainer on a fixed probe
+    prompt after each weight load, else the run stops (default: 1e-3 when vLLM computes in fp32, 0.2 in bf16)."""
     groups_per_step: int = Field(32, ge=1)  # 32 groups x 8: a steady gradient (measured on arithmetic)
     """Groups per optimizer step (env/files)."""
     epochs: int = Field(1, ge=1)

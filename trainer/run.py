@@ -48,6 +48,9 @@ _RESUMABLE = {
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
     "grpo.grad_sync",
     "run.dist_timeout",
+    "run.vllm_gpu_memory_utilization",
+    "run.vllm_sleep_mode",
+    "run.vllm_probe_tolerance",
 }
 
 
@@ -126,8 +129,16 @@ def _source(
     from .rollouts import EnvRollouts
 
     server: dict[str, Any]
+    backend: Any = None
+    colocated: Any = None
     if opts.inference == "local":
         server = {"server_type": "local", "model_name": config.model}
+    elif opts.inference == "vllm-colocate":
+        from .vllm_colocate import start_colocated
+
+        colocated = start_colocated(trainer, opts, on_event)
+        stack.callback(colocated.close)
+        server, backend = {"server_type": "local", "model_name": config.model}, colocated.backend
     elif opts.inference == "vllm":
         vllm = stack.enter_context(_vllm_server(opts, config, trainer, out))
         server = {
@@ -139,8 +150,15 @@ def _source(
     else:
         server = {}
     rank = dist.rank if dist is not None else 0
-    rollouts = EnvRollouts(opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, seed_offset=rank)
+    rollouts = EnvRollouts(
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=rank
+    )
     stack.callback(rollouts.close)
+    if colocated is not None:
+        from .sync import ColocateSync
+
+        sync = ColocateSync(colocated, opts.sync_every, opts.vllm_probe_tolerance)
+        return colocated.sleeping_between(rollouts.batches(opts.groups_per_step)), sync, rollouts
     if opts.inference == "local":
         sync = LocalSync(rollouts.backend)
         sync(trainer)  # a resumed trainer's weights go to the engine before the first rollout
@@ -284,6 +302,10 @@ def run_training(
     on_event: Callable[[str], None] = lambda _: None,
 ) -> RunSummary:
     out = Path(config.out)
+    if opts.inference == "vllm-colocate" and not opts.data and not opts.api_url:
+        from .vllm_colocate import check_can_colocate
+
+        check_can_colocate(opts.nproc_per_node)  # before anything is written or loaded
     dist = _join_ranks(opts, config)
     try:
         if dist is None or dist.is_main:

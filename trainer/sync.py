@@ -10,6 +10,9 @@ next batch is pulled. Each returns a small dict of metrics (merged into the step
   the user runs; if that server has `POST /reload_weights` (`atropos inference` does), it is asked to load it.
 - `VLLMSync` (`--inference vllm`, in vllm.py): in-place reload through vLLM's endpoints, adapter swap (LoRA)
   or restart from the checkpoint, every k steps.
+- `ColocateSync` (`--inference vllm-colocate`): every k steps, the trainer's tensors (a LoRA run: merged) go from
+  memory into the vLLM engine running in this process (vllm_colocate.py), its prefix cache is reset, and the
+  probe check compares vLLM's logprobs with the trainer's forward: a desync stops the run with an error.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from atropos_cli.errors import AtroposError
 from .fsdp import full_weights
 from .lora import is_lora_model, merged_keys
 
-__all__ = ["LocalSync", "CheckpointSync", "copy_weights"]
+__all__ = ["LocalSync", "CheckpointSync", "ColocateSync", "copy_weights"]
 
 
 def copy_weights(source: Any, target: Any) -> int:
@@ -71,6 +74,30 @@ class LocalSync:
         generate_s = getattr(self.backend, "generate_s", 0.0)  # the engine's sampling time since the last step
         self._generated, since = generate_s, generate_s - getattr(self, "_generated", 0.0)
         return {"sync_s": time.perf_counter() - started, "generate_s": since}
+
+
+class ColocateSync:
+    """Load into the in-process vLLM engine (a `vllm_colocate.ColocatedVLLM`) from memory and check the probe,
+    every `every` steps; `tolerance` None is the engine dtype's default."""
+
+    def __init__(self, engine: Any, every: int = 1, tolerance: float | None = None) -> None:
+        self.engine, self.every, self.tolerance = engine, max(1, every), tolerance
+        self._generated = 0.0
+
+    def __call__(self, trainer: Any) -> dict[str, Any]:
+        from .vllm_colocate import trainer_weights
+
+        generate_s = self.engine.backend.generate_s  # the engine's sampling time since the last step
+        metrics: dict[str, Any] = {"generate_s": generate_s - self._generated}
+        self._generated = generate_s
+        if trainer.step_count % self.every:
+            return metrics
+        started = time.perf_counter()
+        self.engine.load_weights(trainer_weights(trainer))
+        gap = self.engine.check(trainer, self.tolerance)
+        metrics.update(probe_gap_mean=gap.mean, probe_gap_max=gap.max)
+        metrics.update(sync_s=time.perf_counter() - started, weight_version=trainer.step_count)
+        return metrics
 
 
 class CheckpointSync:

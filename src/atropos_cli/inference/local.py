@@ -265,7 +265,18 @@ class LocalBackend:
 
     def _run_jobs(self, jobs: list[_Job]) -> list[list[RowResult]]:
         """In the model thread: one batched sampling pass over every row of every job."""
-        state = self._state  # read once: a reload during this batch takes effect at the next one
+        rows = self._rows(jobs)
+        started = time.perf_counter()
+        results = self._sample(rows)
+        self.generate_s += time.perf_counter() - started
+        out, start = [], 0
+        for job in jobs:
+            out.append(results[start : start + job.params.n])
+            start += job.params.n
+        return out
+
+    def _rows(self, jobs: list[_Job]) -> list[RowRequest]:
+        """Each job's `n` choices as rows: its budget capped by the context, seeds base_seed + choice index."""
         rows: list[RowRequest] = []
         for job in jobs:
             budget = self.max_model_len - len(job.prompt_ids)
@@ -283,17 +294,14 @@ class LocalBackend:
                         top_logprobs=job.top_logprobs,
                     )
                 )
-        started = time.perf_counter()
+        return rows
+
+    def _sample(self, rows: list[RowRequest]) -> list[RowResult]:
+        """The rows sampled by this backend's engine (the static engine on CUDA, `sample_rows` elsewhere)."""
+        state = self._state  # read once: a reload during this batch takes effect at the next one
         if state.model.device.type == "cuda" and not any(r.top_logprobs for r in rows):
-            results = self._engine(state, rows).run(rows)
-        else:
-            results = sample_rows(state.model, state.tokenizer, rows)
-        self.generate_s += time.perf_counter() - started
-        out, start = [], 0
-        for job in jobs:
-            out.append(results[start : start + job.params.n])
-            start += job.params.n
-        return out
+            return self._engine(state, rows).run(rows)
+        return sample_rows(state.model, state.tokenizer, rows)
 
     def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
         """The static engine for this batch: slots = the batch size rounded up to a power of two (at most
