@@ -98,6 +98,14 @@ def test_resume_is_exact_on_the_same_world_size_and_reshards_onto_one_process(ro
     assert _metrics(same)[-1]["sequences"] == _metrics(straight)[-1]["sequences"]
 
 
+def test_a_one_process_checkpoint_resumes_sharded(rollouts: Path, tmp_path: Path):
+    straight, grown = tmp_path / "straight", tmp_path / "grown"
+    _train(straight, rollouts, steps=2)
+    _train(grown, rollouts, steps=1)
+    _train(grown, rollouts, "--nproc-per-node", "2", "--resume", steps=2)  # weights and AdamW moments by name
+    assert _max_diff(_weights(straight, 2), _weights(grown, 2)) < TOL
+
+
 def test_lora_and_kl_train_sharded_like_one_process(rollouts: Path, tmp_path: Path):
     for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"]):
         one, two = tmp_path / f"one{flags[0]}", tmp_path / f"two{flags[0]}"
@@ -166,3 +174,51 @@ def _rank_pid(launcher: int, rank: int) -> int:
         if ppid == launcher and f"RANK={rank}".encode() in environ:
             return int(entry.name)
     raise AssertionError(f"no child of {launcher} has RANK={rank}")
+
+
+def test_env_loop_rolls_out_on_every_rank(tmp_path: Path):
+    """The one-command loop on 2 ranks: each samples its share of the step's groups on its own local engine."""
+    out = tmp_path / "run"
+    flags = ["--steps", "2", "--groups-per-step", "3", "--env.group_size", "4", "--nproc-per-node", "2"]
+    result = _run("train", "arithmetic", "--out", str(out), *flags)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [m["groups"] for m in _metrics(out)] == [3, 3]  # rank 0 sampled 2 groups, rank 1 one
+
+
+def test_external_server_is_reloaded_by_rank_0_only(tmp_path: Path):
+    """--inference external on 2 ranks against a real `atropos inference` server: rank 0 runs the env workers,
+    every rank writes its shards, and the server is asked once per step to load the consolidated checkpoint."""
+    import threading
+
+    import uvicorn
+    from test_trainer_loop import PARITY_ENV
+
+    from atropos_cli.config import ServerConfig
+    from atropos_cli.inference.local import LocalBackend
+    from atropos_cli.inference.server import ServerSettings, create_app
+    from atropos_cli.resources import DEFAULT_MODEL
+
+    backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
+    server = uvicorn.Server(uvicorn.Config(create_app(backend, ServerSettings()), port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 20
+        while not server.started:
+            assert time.monotonic() < deadline, "the inference server did not start"
+            time.sleep(0.05)
+        port = server.servers[0].sockets[0].getsockname()[1]
+        env_file = tmp_path / "parity_env.py"
+        env_file.write_text(PARITY_ENV)
+        out = tmp_path / "run"
+        dotted = ["--openai.base_url", f"http://127.0.0.1:{port}/v1", "--openai.server_type", "vllm"]
+        dotted += ["--openai.model_name", DEFAULT_MODEL, "--openai.tokenizer_name", DEFAULT_MODEL]
+        dotted += ["--env.group_size", "4", "--env.max_token_length", "6"]
+        flags = ["--inference", "external", "--steps", "2", "--groups-per-step", "2", "--nproc-per-node", "2"]
+        result = _run("train", str(env_file), "--out", str(out), *flags, *dotted)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [m["reloaded_version"] for m in _metrics(out)] == [1, 2]
+    assert backend.version == 2

@@ -97,7 +97,7 @@ def load_sharded(checkpoint: Path, trainer: Any, dist: Dist) -> dict[str, Any]:
         _load_full(checkpoint, trainer)
         return meta
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(checkpoint / SHARDED))
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng = checkpoint / SHARDED / f"rng-{dist.rank}.pt"
@@ -129,7 +129,7 @@ def _load_full(checkpoint: Path, trainer: Any) -> None:
     if saved_optimizer.is_file():
         saved = torch.load(saved_optimizer, map_location="cpu", weights_only=True)
         names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
-        full = {
+        full: dict[str, Any] = {
             "state": {names[int(i)]: v for i, v in saved["state"].items()},
             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in saved["param_groups"]],
         }
