@@ -191,12 +191,12 @@ def test_external_server_is_reloaded_by_rank_0_only(tmp_path: Path):
     import threading
 
     import uvicorn
-    from test_trainer_loop import PARITY_ENV
 
     from atropos_cli.config import ServerConfig
     from atropos_cli.inference.local import LocalBackend
     from atropos_cli.inference.server import ServerSettings, create_app
     from atropos_cli.resources import DEFAULT_MODEL
+    from test_trainer_loop import PARITY_ENV
 
     backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
     server = uvicorn.Server(uvicorn.Config(create_app(backend, ServerSettings()), port=0, log_level="warning"))
