@@ -106,8 +106,8 @@ def test_a_one_process_checkpoint_resumes_sharded(rollouts: Path, tmp_path: Path
     assert _max_diff(_weights(straight, 2), _weights(grown, 2)) < TOL
 
 
-def test_lora_and_kl_train_sharded_like_one_process(rollouts: Path, tmp_path: Path):
-    for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"]):
+def test_lora_kl_sequence_loss_and_packing_train_sharded_like_one_process(rollouts: Path, tmp_path: Path):
+    for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"], ["--loss", "gspo"], ["--pack"]):
         one, two = tmp_path / f"one{flags[0]}", tmp_path / f"two{flags[0]}"
         _train(one, rollouts, *flags, steps=1)
         _train(two, rollouts, *flags, "--nproc-per-node", "2", steps=1)
@@ -188,37 +188,23 @@ def test_env_loop_rolls_out_on_every_rank(tmp_path: Path):
 def test_external_server_is_reloaded_by_rank_0_only(tmp_path: Path):
     """--inference external on 2 ranks against a real `atropos inference` server: rank 0 runs the env workers,
     every rank writes its shards, and the server is asked once per step to load the consolidated checkpoint."""
-    import threading
-
-    import uvicorn
-
     from atropos_cli.config import ServerConfig
     from atropos_cli.inference.local import LocalBackend
     from atropos_cli.inference.server import ServerSettings, create_app
     from atropos_cli.resources import DEFAULT_MODEL
+    from atropos_cli.testing.threaded import ThreadedServer
     from test_trainer_loop import PARITY_ENV
 
     backend = LocalBackend(ServerConfig(server_type="local", model_name=DEFAULT_MODEL))
-    server = uvicorn.Server(uvicorn.Config(create_app(backend, ServerSettings()), port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 20
-        while not server.started:
-            assert time.monotonic() < deadline, "the inference server did not start"
-            time.sleep(0.05)
-        port = server.servers[0].sockets[0].getsockname()[1]
-        env_file = tmp_path / "parity_env.py"
-        env_file.write_text(PARITY_ENV)
-        out = tmp_path / "run"
-        dotted = ["--openai.base_url", f"http://127.0.0.1:{port}/v1", "--openai.server_type", "vllm"]
+    env_file = tmp_path / "parity_env.py"
+    env_file.write_text(PARITY_ENV)
+    out = tmp_path / "run"
+    with ThreadedServer(create_app(backend, ServerSettings()), lifespan="on").start() as server:
+        dotted = ["--openai.base_url", f"{server.url}/v1", "--openai.server_type", "vllm"]
         dotted += ["--openai.model_name", DEFAULT_MODEL, "--openai.tokenizer_name", DEFAULT_MODEL]
         dotted += ["--env.group_size", "4", "--env.max_token_length", "6"]
         flags = ["--inference", "external", "--steps", "2", "--groups-per-step", "2", "--nproc-per-node", "2"]
         result = _run("train", str(env_file), "--out", str(out), *flags, *dotted)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
     assert result.returncode == 0, result.stdout + result.stderr
     assert [m["reloaded_version"] for m in _metrics(out)] == [1, 2]
     assert backend.version == 2
