@@ -21,7 +21,6 @@ API, the in-process env workers), step, write metrics, sync weights to the infer
 from __future__ import annotations
 
 import functools
-import math
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,6 +37,7 @@ from .config import GRPOConfig
 from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
+from .metrics import loss_metrics, reward_metrics
 from .precision import Dtype, Precision
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "packing_mode", "PackMode"]
@@ -234,7 +234,7 @@ class GRPOTrainer:
 
         cfg, started = self.config, time.perf_counter()
         prepared = prepare(groups, self.loss_cfg.scale_rewards, self.loss_cfg.dynamic_sampling, cfg.max_len)
-        metrics = _reward_metrics(prepared)
+        metrics = reward_metrics(prepared)
         if not prepared.samples:
             return {**metrics, "skipped": True, "step_time_s": time.perf_counter() - started}
         self._set_lr()
@@ -285,7 +285,7 @@ class GRPOTrainer:
         elapsed = time.perf_counter() - started
         return {
             **metrics,
-            **_loss_metrics(sums, norm),
+            **loss_metrics(sums, norm),
             "loss": sums["loss"],
             "grad_norm": float(grad_norm),
             "lr": self.optimizer.param_groups[0]["lr"],
@@ -368,42 +368,6 @@ class GRPOTrainer:
         self.step_count = int(state["step"])
         self.batches_seen = int(state.get("batches_seen", self.step_count))
         return checkpoint
-
-
-def _reward_metrics(prepared: Any) -> dict[str, Any]:
-    scores = prepared.scores
-    mean = sum(scores) / len(scores) if scores else 0.0
-    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) if scores else 0.0
-    return {
-        "reward_mean": mean,
-        "reward_std": std,
-        "groups": prepared.groups,
-        "signal_fraction": prepared.groups_with_signal / prepared.groups if prepared.groups else 0.0,
-        "dropped_no_signal": prepared.dropped_no_signal,
-        "sequences": len(prepared.samples),
-        "truncated": prepared.truncated,
-    }
-
-
-def _loss_metrics(sums: dict[str, float], norm: Normaliser) -> dict[str, Any]:
-    tokens = max(sums.get("tokens", 0.0), 1.0)
-    out = {
-        "trained_tokens": int(sums.get("tokens", 0)),
-        "padded_tokens": int(sums.get("padded_tokens", 0)),  # through the model, padding/filler included
-        "real_tokens": int(sums.get("real_tokens", 0)),
-        "clip_fraction": sums.get("clipped_tokens", 0.0) / tokens,
-        "ratio_mean": sums.get("ratio_sum", 0.0) / tokens,
-    }
-    if "logprob_gap_sum" in sums:
-        out["logprob_gap"] = sums["logprob_gap_sum"] / tokens
-        out["logprob_gap_abs"] = sums["logprob_gap_abs_sum"] / tokens
-    if "kl_sum" in sums:
-        out["kl"] = sums["kl_sum"] / tokens
-    if sums.get("distill_tokens"):
-        out["distill_kl"] = sums["distill_kl_sum"] / sums["distill_tokens"]
-    if "is_rejected_tokens" in sums:
-        out["is_rejected_fraction"] = sums["is_rejected_tokens"] / tokens
-    return out
 
 
 def train(

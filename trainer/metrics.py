@@ -1,4 +1,5 @@
-"""Where a step's numbers go: OUT/metrics.jsonl always (one JSON object per step, flushed), plus W&B and
+"""A step's numbers (`reward_metrics` of its groups, `loss_metrics` of its summed loss statistics) and where they
+go: OUT/metrics.jsonl always (one JSON object per step, flushed), plus W&B and
 TensorBoard only when installed and asked for. The console line is the CLI's job (`cli/train.py`).
 
 Where it sits: `grpo.py`'s loop hands each step's metrics dict to `MetricsSink.write`; `plot.py` and
@@ -8,12 +9,16 @@ Where it sits: `grpo.py`'s loop hands each step's metrics dict to `MetricsSink.w
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from atropos_cli.errors import ConfigError
 
-__all__ = ["MetricsSink", "read_metrics", "METRICS_FILE"]
+if TYPE_CHECKING:
+    from .losses import Normaliser
+
+__all__ = ["MetricsSink", "read_metrics", "METRICS_FILE", "reward_metrics", "loss_metrics"]
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -75,3 +80,39 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
         if line.strip():
             rows.append(json.loads(line))
     return rows
+
+
+def reward_metrics(prepared: Any) -> dict[str, Any]:
+    scores = prepared.scores
+    mean = sum(scores) / len(scores) if scores else 0.0
+    std = math.sqrt(sum((s - mean) ** 2 for s in scores) / len(scores)) if scores else 0.0
+    return {
+        "reward_mean": mean,
+        "reward_std": std,
+        "groups": prepared.groups,
+        "signal_fraction": prepared.groups_with_signal / prepared.groups if prepared.groups else 0.0,
+        "dropped_no_signal": prepared.dropped_no_signal,
+        "sequences": len(prepared.samples),
+        "truncated": prepared.truncated,
+    }
+
+
+def loss_metrics(sums: dict[str, float], norm: Normaliser) -> dict[str, Any]:
+    tokens = max(sums.get("tokens", 0.0), 1.0)
+    out = {
+        "trained_tokens": int(sums.get("tokens", 0)),
+        "padded_tokens": int(sums.get("padded_tokens", 0)),  # through the model, padding/filler included
+        "real_tokens": int(sums.get("real_tokens", 0)),
+        "clip_fraction": sums.get("clipped_tokens", 0.0) / tokens,
+        "ratio_mean": sums.get("ratio_sum", 0.0) / tokens,
+    }
+    if "logprob_gap_sum" in sums:
+        out["logprob_gap"] = sums["logprob_gap_sum"] / tokens
+        out["logprob_gap_abs"] = sums["logprob_gap_abs_sum"] / tokens
+    if "kl_sum" in sums:
+        out["kl"] = sums["kl_sum"] / tokens
+    if sums.get("distill_tokens"):
+        out["distill_kl"] = sums["distill_kl_sum"] / sums["distill_tokens"]
+    if "is_rejected_tokens" in sums:
+        out["is_rejected_fraction"] = sums["is_rejected_tokens"] / tokens
+    return out
