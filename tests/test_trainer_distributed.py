@@ -208,3 +208,32 @@ def test_external_server_is_reloaded_by_rank_0_only(tmp_path: Path):
     assert result.returncode == 0, result.stdout + result.stderr
     assert [m["reloaded_version"] for m in _metrics(out)] == [1, 2]
     assert backend.version == 2
+
+
+def test_ctrl_c_stops_every_rank_after_one_step_with_one_checkpoint(rollouts: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    args = ["train", "--data", str(rollouts), "--out", str(out), "--steps", "100000", "--epochs", "100000"]
+    launcher = subprocess.Popen(
+        [*ATROPOS, *args, "--groups-per-step", "2", "--save-every", "0", "--nproc-per-node", "2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        start_new_session=True,  # its own process group, as a terminal's: Ctrl-C reaches the launcher and ranks
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < 2:
+            assert launcher.poll() is None, launcher.communicate()
+            assert time.monotonic() < deadline, "the run never stepped"
+            time.sleep(0.2)
+        os.killpg(launcher.pid, signal.SIGINT)
+        stdout, stderr = launcher.communicate(timeout=90)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+    assert launcher.returncode == 130, stderr
+    steps = len(_metrics(out))
+    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step-{steps}"]  # whole, no .tmp- left
+    assert f"interrupted; the checkpoint {out}/checkpoints/step-{steps} holds the last step" in stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr and "death signal" not in stderr

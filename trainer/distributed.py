@@ -18,7 +18,8 @@ ones so every rank makes the same collective calls.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -48,6 +49,7 @@ class Dist:
     local_rank: int
     device: str  # cuda:<local rank> or cpu
     mesh: Any  # a 1-D DeviceMesh over all ranks (FSDP shards along it)
+    _stop: threading.Event = field(default_factory=threading.Event)
 
     @property
     def is_main(self) -> bool:
@@ -84,6 +86,19 @@ class Dist:
         t = torch.tensor([value], device=self.device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return int(t.item())
+
+    def stop_requested(self) -> bool:
+        """True on every rank once any rank got Ctrl-C or SIGTERM (`catch_stop_signals`): checked after each
+        step, so all ranks stop at the same step and write one checkpoint together."""
+        return bool(self.max_int(int(self._stop.is_set())))
+
+    def catch_stop_signals(self) -> None:
+        """Ctrl-C and SIGTERM set a flag instead of interrupting: a rank stopped in the middle of a collective
+        would leave the others waiting, and the launcher forwards the signal to every rank anyway."""
+        import signal
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: self._stop.set())
 
     def barrier(self) -> None:
         import torch.distributed as dist

@@ -403,4 +403,6 @@ def train(
         on_step({"step": trainer.step_count, **metrics})
         if trainer.step_count >= trainer.config.steps:
             break
+        if trainer.dist is not None and trainer.dist.stop_requested():  # Ctrl-C on any rank: all stop here
+            raise KeyboardInterrupt
     return trainer.step_count

@@ -21,12 +21,14 @@ MONITOR_INTERVAL_S = 0.5  # how often the launcher checks its ranks (a dead one 
 
 def launch(nproc: int, argv: list[str], verbose: bool = False) -> None:
     """Run `python -m atropos_cli *argv` on `nproc` local ranks; returns when all succeeded."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     if not verbose:  # torchrun's agent logs every start/stop at WARNING; our ranks say what matters
-        for name in ("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher"):
-            logging.getLogger(name).setLevel(logging.CRITICAL)
+        for name in list(logging.root.manager.loggerDict):  # its loggers set their own level: each one, by name
+            if name.startswith(("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     args = get_args_parser().parse_args(
         [
@@ -41,6 +43,8 @@ def launch(nproc: int, argv: list[str], verbose: bool = False) -> None:
     )
     try:
         run(args)
+    except SignalException:  # Ctrl-C: the ranks finished their step and saved one checkpoint (distributed.py)
+        raise KeyboardInterrupt from None
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
         if failure.signal_name() != "<N/A>" and failure.exitcode < 0:

@@ -314,6 +314,7 @@ def run_training(
             on_step, on_event = (lambda _: None), (lambda _: None)
             opts = opts.model_copy(update={"plot": False, "wandb_project": None, "tensorboard": False})
         if dist is not None:
+            dist.catch_stop_signals()
             dist.barrier()
         return _run(opts, config, on_step, on_event, dist)
     finally:

@@ -195,7 +195,9 @@ def _report(summary: Any, asked: int) -> None:
     if summary.plot:
         console.print(f"wrote {summary.plot}", soft_wrap=True)
     if summary.interrupted:
-        err_console.print(f"interrupted; the checkpoint {summary.checkpoint} holds the last step", style="yellow")
+        err_console.print(
+            f"interrupted; the checkpoint {summary.checkpoint} holds the last step", style="yellow", soft_wrap=True
+        )
         sys.exit(EXIT_INTERRUPTED)
     if summary.data_exhausted and summary.steps < asked:
         warn(
