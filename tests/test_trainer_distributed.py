@@ -106,8 +106,9 @@ def test_a_one_process_checkpoint_resumes_sharded(rollouts: Path, tmp_path: Path
     assert _max_diff(_weights(straight, 2), _weights(grown, 2)) < TOL
 
 
-def test_lora_kl_sequence_loss_and_packing_train_sharded_like_one_process(rollouts: Path, tmp_path: Path):
-    for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"], ["--loss", "gspo"], ["--pack"]):
+def test_every_training_option_trains_sharded_like_one_process(rollouts: Path, tmp_path: Path):
+    variants = (["--lora-r", "4"], ["--kl-beta", "0.1"], ["--loss", "gspo"], ["--pack"], ["--gradient-checkpointing"])
+    for flags in (*variants, ["--grad-sync", "micro-batch"]):
         one, two = tmp_path / f"one{flags[0]}", tmp_path / f"two{flags[0]}"
         _train(one, rollouts, *flags, steps=1)
         _train(two, rollouts, *flags, "--nproc-per-node", "2", steps=1)
