@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 
 import pytest
 
@@ -147,3 +148,71 @@ def test_backend_survives_a_new_event_loop(fake_server):
     assert asyncio.run(backend.chat(QUESTION, SamplingParams())).choices[0].text == "What is 7 + 5?"
     assert asyncio.run(backend.chat(QUESTION, SamplingParams())).choices[0].text == "What is 7 + 5?"
     asyncio.run(backend.aclose())
+
+
+@pytest.fixture
+def canned_server():
+    """Factory: a real HTTP server on 127.0.0.1 whose /v1/chat/completions answers `status`, `body`, `headers`."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    started: list[ThreadedServer] = []
+
+    def start(status: int = 200, body: bytes = b"", headers: dict[str, str] | None = None) -> str:
+        def answer(request):
+            return Response(body, status_code=status, headers=headers, media_type="application/json")
+
+        routes = [Route("/v1/chat/completions", answer, methods=["POST"]), Route("/elsewhere", answer_ok)]
+        server = ThreadedServer(Starlette(routes=routes), lifespan="off").start()
+        started.append(server)
+        return f"{server.url}/v1"
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+_CHAT_OK = b'{"choices": [{"message": {"content": "12"}, "finish_reason": "stop", "logprobs": null}]}'
+
+
+def answer_ok(request):
+    from starlette.responses import Response
+
+    return Response(_CHAT_OK, media_type="application/json")
+
+
+def test_a_redirect_is_an_error_not_followed(canned_server):
+    url = canned_server(307, b"", {"Location": "/elsewhere"})
+    with pytest.raises(BadResponseError, match="HTTP 307"):
+        _chat(_backend(url))
+
+
+def test_python_json_extensions_in_an_answer_parse(canned_server):
+    # Python servers (json.dumps) write a -inf logprob as -Infinity: valid for them, not for strict JSON parsers
+    body = b'{"choices": [{"message": {"content": "1"}, "logprobs": {"content": [{"logprob": -Infinity}]}}]}'
+    generation = _chat(_backend(canned_server(200, body)), logprobs=True)
+    assert generation.choices[0].logprobs == [float("-inf")]
+
+
+def test_http_proxy_from_the_environment_is_used_and_no_proxy_respected(fake_server, monkeypatch):
+    srv = fake_server(rule="echo")
+    url = "http://inference.invalid:8000/v1"  # no such host: only the proxy can answer
+    for name in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://{srv.host}:{srv.port}")
+    assert _chat(_backend(url)).choices[0].text == "What is 7 + 5?"
+    monkeypatch.setenv("NO_PROXY", "inference.invalid")
+    with pytest.raises(RetryableError) as info:
+        _chat(_backend(url))
+    assert info.value.kind == "connection"
+
+
+def test_a_backend_dropped_unclosed_logs_nothing(fake_server, caplog):
+    backend = _backend(fake_server(rule="echo").base_url)
+    assert asyncio.run(backend.chat(QUESTION, SamplingParams())).choices  # its loop has ended, session still open
+    del backend
+    gc.collect()
+    assert not [r for r in caplog.records if "nclosed" in r.getMessage()]

@@ -11,17 +11,19 @@ routing and the `n` fallbacks. This module owns the wire details:
   (any other 4xx, garbage); a 400 that names `logprobs`/`return_token_ids` is retried once without them and
   the server is remembered as not supporting them.
 
-Transport: a plain `httpx2.AsyncClient` (one per event loop; httpx2 is the client the openai package itself
-uses, and holds up better than httpx 0.28 at 64 requests in flight) posting pre-serialized JSON (orjson), with
-the `Authorization: Bearer` header the openai package would send, without the openai package's per-request
-machinery (~1-2 ms of CPU a request, the bottleneck of `atropos process` on 2 cores).
+Transport: one `aiohttp.ClientSession` per event loop (the transport the openai package offers as its faster
+option) posting pre-serialized JSON (orjson), with the `Authorization: Bearer` header the openai package would
+send. Its C HTTP parser and keyed connection pool cost ~0.25 ms of CPU a request at 64 in flight, where
+httpx2's pool, which scans every connection twice a request, cost ~1.2 ms: the client's CPU is what bounds
+`atropos process` on a 2-core machine (benchmarks/results/process.md). `timeout` bounds connecting (pool wait
+included) and each wait for the server's bytes, as httpx's single timeout did.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
+import weakref
 from typing import Any
 
 import orjson
@@ -43,11 +45,11 @@ _EXTRA_FIELDS = ("logprobs", "return_token_ids", "token_ids", "top_logprobs")
 class _StatusError(Exception):
     """A non-2xx answer, before it is mapped to a RetryableError or a BadResponseError."""
 
-    def __init__(self, response: Any) -> None:
-        super().__init__(response.status_code)
-        self.status = response.status_code
-        self.text = response.text
-        self.retry_after = response.headers.get("retry-after")
+    def __init__(self, status: int, body: bytes, retry_after: str | None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.text = body.decode("utf-8", errors="replace")
+        self.retry_after = retry_after
 
 
 class OpenAICompatBackend:
@@ -67,23 +69,18 @@ class OpenAICompatBackend:
         self.extras_supported = True
         self._client: Any = None
         self._client_loop: asyncio.AbstractEventLoop | None = None
+        self._finalizer: weakref.finalize | None = None
+        self._proxy = _env_proxy(self.base_url)
 
-    def _get_client(self) -> Any:
-        # An httpx pool belongs to one event loop; a new loop (e.g. a second asyncio.run) needs a new client.
+    def _session(self) -> Any:
+        """This event loop's aiohttp session (a session belongs to one loop: a second asyncio.run gets a new one)."""
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            import httpx2 as httpx
-
-            self._client = httpx.AsyncClient(
-                base_url=self.base_url,
-                headers={
-                    "Authorization": f"Bearer {self.config.api_key or 'EMPTY'}",
-                    "Content-Type": "application/json",
-                },
-                timeout=self.config.timeout,
-                limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),  # the openai defaults
-            )
-            self._client_loop = loop
+        if self._finalizer is not None and self._client_loop is not loop:
+            self._finalizer()  # `_discard`: its loop has ended, nothing there to wait for
+        if self._finalizer is None or not self._finalizer.alive:
+            self._client, self._client_loop = _new_session(self.config), loop
+            # a backend dropped unclosed (env code's own ServerManager, say) lets go of its sockets quietly
+            self._finalizer = weakref.finalize(self, _discard, self._client)
         return self._client
 
     def _sampling(self, params: SamplingParams) -> dict[str, Any]:
@@ -127,25 +124,29 @@ class OpenAICompatBackend:
 
     async def _post(self, path: str, body: dict[str, Any], extra: dict[str, Any] | None) -> bytes:
         """POST plain JSON; a transport failure is retryable, a non-2xx answer raises `_StatusError`."""
-        import httpx2 as httpx
+        import aiohttp
 
         try:
             content = orjson.dumps({**body, **(extra or {})})
         except TypeError:  # a value orjson does not know (e.g. a subclass in extra_body): the stdlib tries harder
             content = json.dumps({**body, **(extra or {})}).encode()
+        session = self._session()
         try:
-            response = await self._get_client().post(path, content=content)
-        except httpx.TimeoutException:
+            async with session.post(
+                self.base_url + path, data=content, proxy=self._proxy, allow_redirects=False
+            ) as response:
+                raw = await response.read()
+        except asyncio.TimeoutError:  # aiohttp's connect and read timeouts are asyncio.TimeoutErrors
             raise RetryableError(
                 f"inference server at {self.base_url!r} timed out", url=self.base_url, kind="timeout"
             ) from None
-        except httpx.TransportError:
+        except (aiohttp.ClientError, OSError):  # refused, reset, bad URL, broken HTTP
             raise RetryableError(
                 f"no inference server answered at {self.base_url!r}", url=self.base_url, kind="connection"
             ) from None
-        if response.status_code >= 300:
-            raise _StatusError(response)
-        return response.content
+        if response.status >= 300:
+            raise _StatusError(response.status, raw, response.headers.get("retry-after"))
+        return raw
 
     async def _send(self, send: Any, params: SamplingParams) -> dict[str, Any]:
         """Send once (once more without logprobs if the server rejects them); return the parsed JSON body."""
@@ -163,11 +164,48 @@ class OpenAICompatBackend:
         return _json_body(raw, self.base_url)
 
     async def aclose(self) -> None:
-        if self._client is not None:
-            client, self._client = self._client, None
-            # RuntimeError: its event loop is already closed, so there is nothing left to release
-            with contextlib.suppress(RuntimeError):
-                await client.aclose()
+        if self._finalizer is None or not self._finalizer.alive:
+            return
+        if self._client_loop is asyncio.get_running_loop():
+            self._finalizer.detach()
+            await self._client.close()
+        else:
+            self._finalizer()  # made on a loop that has ended (a closed loop can't be awaited on)
+        self._client = None
+
+
+def _new_session(config: ServerConfig) -> Any:
+    import aiohttp
+
+    return aiohttp.ClientSession(
+        headers={"Authorization": f"Bearer {config.api_key or 'EMPTY'}", "Content-Type": "application/json"},
+        timeout=aiohttp.ClientTimeout(total=None, connect=config.timeout, sock_read=config.timeout),
+        # the openai package's connection limit; idle connections dropped before uvicorn's (vLLM's) 5 s idle close
+        connector=aiohttp.TCPConnector(limit=1000, keepalive_timeout=4.0),
+    )
+
+
+def _discard(session: Any) -> None:
+    """Close a session's sockets now, without waiting and without aiohttp's 'Unclosed client session' log line
+    (for a session whose loop has ended, or whose backend was dropped unclosed)."""
+    connector = session.connector
+    session.detach()
+    if connector is not None:
+        connector._close()  # the synchronous part of `close()`: closes the sockets, schedules nothing
+
+
+def _env_proxy(url: str) -> str | None:
+    """The HTTP(S)_PROXY that applies to `url` (None if unset or NO_PROXY covers it), as httpx honoured it.
+
+    Looked up once per backend: aiohttp's `trust_env` looks it up per request in a worker thread, and that
+    thread's GIL hand-offs cost more CPU than the request itself."""
+    from urllib.parse import urlsplit
+    from urllib.request import getproxies, proxy_bypass
+
+    parts = urlsplit(url)
+    if parts.hostname and proxy_bypass(parts.hostname):
+        return None
+    return getproxies().get(parts.scheme)
 
 
 def _names_extras(text: str) -> bool:
@@ -213,9 +251,17 @@ def _hint(status: int) -> str:
     return "check the sampling arguments and --openai.model_name against what the server accepts"
 
 
+def _loads(content: bytes) -> Any:
+    """orjson (4x faster), or the stdlib for what orjson refuses but Python servers send: NaN, -Infinity."""
+    try:
+        return orjson.loads(content)
+    except orjson.JSONDecodeError:
+        return json.loads(content)
+
+
 def _json_body(content: bytes, url: str) -> dict[str, Any]:
     try:
-        data = json.loads(content)
+        data = _loads(content)
     except (ValueError, UnicodeDecodeError):
         raise BadResponseError(
             f"inference server at {url!r} answered with something that is not JSON: {content[:120]!r}",
