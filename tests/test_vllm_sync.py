@@ -191,3 +191,29 @@ def test_lora_adapter_is_served_and_replaced_in_place(tmp_path: Path):
         assert metrics["sync_mode"] == "lora" and metrics["synced_checkpoint"].endswith("adapters/step-1")
         assert _texts(changed) != _texts(base) and _texts(_answers(server, BASE_NAME)) == _texts(base)
         assert server.restarts == 0
+
+
+def test_two_ranks_train_against_one_vllm_server_reloaded_by_rank_0(tmp_path: Path, untied_model: str):
+    """`--nproc-per-node 2 --inference vllm`: rank 0 starts vLLM and runs the env workers, both ranks write the
+    sharded checkpoint and rank 0 reloads vLLM from its consolidated directory, once per step."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    vllm = ["--inference", "vllm", "--vllm-python", VLLM_PYTHON, "--vllm-port", str(_free_port())]
+    vllm += ["--vllm-timeout", "600", "--vllm-sync", "reload", "--vllm-args", " ".join(SMALL)]
+    run = ["train", "arithmetic", "--model", untied_model, "--out", str(out), "--steps", "2", "--lr", "1e-4"]
+    result = subprocess.run(
+        [sys.executable, "-m", "atropos_cli", *run, "--groups-per-step", "4", "--nproc-per-node", "2", *vllm],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    seen = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["sync_mode"], m["weight_version"]) for m in seen] == [("reload", 1), ("reload", 2)]
+    assert all(0 < m["logprob_gap_abs"] < 0.1 for m in seen)  # vLLM sampled from the weights just trained
+    assert (out / "checkpoints" / "step-2" / "sharded" / ".metadata").is_file()
+    assert (out / "vllm.log").read_text().count("Application startup complete") == 1

@@ -124,8 +124,14 @@ def _source(
         )  # fmt: skip
         checked = _checked(batches, vocab_size(trainer.model), opts.api_url)
         return (checked if dist is None else from_rank0(checked, dist)), sync, None
-    if dist is not None and opts.inference != "local":
-        return _rank0_env_loop(opts, config, trainer, stack, dist)
+    if dist is not None and opts.inference != "local":  # one inference server (vLLM, external) for all ranks
+        if opts.inference == "vllm" and trainer.is_lora:
+            raise ConfigError(
+                "--inference vllm with --lora-r swaps the adapter from one process: not with several",
+                hint="train LoRA with --inference local, or full weights with --inference vllm",
+            )
+        if not dist.is_main:  # rank 0 runs the env workers and the server; the others save on the same steps
+            return from_rank0(None, dist), CheckpointSync(out, opts.sync_every), None
     from .rollouts import EnvRollouts
 
     server: dict[str, Any]
@@ -172,29 +178,8 @@ def _source(
     else:
         server_config = rollouts.run_config.openai[0]
         sync = CheckpointSync(out, opts.sync_every, server_config.base_url or None, server_config.api_key)
-    return rollouts.batches(opts.groups_per_step), sync, rollouts
-
-
-def _rank0_env_loop(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, stack: ExitStack, dist: Any):
-    """A sharded run with --inference external: rank 0 runs the env workers against the user's servers and
-    broadcasts each batch; every rank joins the checkpoint, rank 0 alone asks the server to reload it."""
-    from .rollouts import EnvRollouts
-    from .sync import CheckpointSync
-
-    if opts.inference == "vllm":
-        raise ConfigError(
-            "--inference vllm launches one vLLM server and is not supported with several processes yet",
-            hint="start vLLM (or `atropos inference`) yourself and pass --inference external --openai.base_url URL",
-        )
-    rollouts = None
-    server_url, api_key = None, ""
-    if dist.is_main:
-        rollouts = EnvRollouts(opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, {})
-        stack.callback(rollouts.close)
-        server_url, api_key = rollouts.run_config.openai[0].base_url or None, rollouts.run_config.openai[0].api_key
-    sync = CheckpointSync(Path(config.out), opts.sync_every, server_url, api_key)
-    batches = from_rank0(rollouts.batches(opts.groups_per_step) if rollouts is not None else None, dist)
-    return batches, sync, rollouts
+    batches = rollouts.batches(opts.groups_per_step)
+    return (batches if dist is None else from_rank0(batches, dist)), sync, rollouts
 
 
 def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out: Path) -> Any:
