@@ -238,3 +238,17 @@ def test_ctrl_c_stops_every_rank_after_one_step_with_one_checkpoint(rollouts: Pa
     assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step-{steps}"]  # whole, no .tmp- left
     assert f"interrupted; the checkpoint {out}/checkpoints/step-{steps} holds the last step" in stderr
     assert "Traceback" not in stderr and "internal error" not in stderr and "death signal" not in stderr
+
+
+def test_sft_refuses_several_processes(tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    data = tmp_path / "sft.jsonl"
+    data.write_text('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n')
+    args = ["train", "--sft", str(data), "--nproc-per-node", "2", "--out", str(tmp_path / "o")]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    assert "--nproc-per-node is for GRPO runs: --sft trains in one process" in result.output
+    assert not (tmp_path / "o").exists()

@@ -83,6 +83,12 @@ def _run_sft(sft: list[Path], values: dict[str, Any], out: Path) -> None:
 
     if values.get("lora_r"):
         raise fail("--lora-r is for GRPO runs: --sft trains the full model", hint="drop --lora-r with --sft", code=2)
+    if values.get("nproc_per_node", 1) > 1:
+        raise fail(
+            "--nproc-per-node is for GRPO runs: --sft trains in one process",
+            hint="drop --nproc-per-node with --sft (TRL's SFTTrainer loads sft-gen's datasets for many GPUs)",
+            code=2,
+        )
     from atropos_cli.resources import DEFAULT_MODEL
 
     config = {"data": [str(p) for p in sft], "out": str(out), "model": values.get("model", DEFAULT_MODEL)}
