@@ -252,3 +252,38 @@ def test_sft_refuses_several_processes(tmp_path: Path):
     assert result.exit_code == 2
     assert "--nproc-per-node is for GRPO runs: --sft trains in one process" in result.output
     assert not (tmp_path / "o").exists()
+
+
+def test_two_torchrun_launchers_as_two_nodes_train_like_one_launcher(rollouts: Path, tmp_path: Path):
+    """The multi-node launch, simulated: `torchrun --nnodes 2 --node-rank R ... -m atropos_cli train` twice on
+    this host (one rank each) gives the metrics and weights of one `--nproc-per-node 2` launcher."""
+    import socket
+
+    one, two = tmp_path / "one", tmp_path / "two"
+    _train(one, rollouts, "--nproc-per-node", "2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    flags = ["--steps", "2", "--save-every", "1", "--groups-per-step", "3", "--lr", "1e-3", "--keep-checkpoints", "0"]
+    nodes = [
+        subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank)]
+            + ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+            + ["-m", "atropos_cli", "train", "--data", str(rollouts), "--out", str(two), *flags],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        results = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    assert [node.returncode for node in nodes] == [0, 0], results
+    for a, b in zip(_metrics(one), _metrics(two), strict=True):
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=TOL)
+    assert _max_diff(_weights(one, 2), _weights(two, 2)) < TOL
