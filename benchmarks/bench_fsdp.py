@@ -70,9 +70,8 @@ def worker(args) -> None:
     from atropos_cli.trainer.distributed import init_from_env, world_from_env
     from atropos_cli.trainer.grpo import GRPOTrainer
 
-    knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights; f: forward-only
-    fsdp.RESHARD_LAYERS = False if "r" in knobs else None  # compile (FSDP hooks outside the compiled graphs)
-    fsdp.COMPILE_FORWARD_ONLY = "f" in knobs
+    knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights at any size
+    fsdp.RESHARD_LAYERS = False if "r" in knobs else None
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
     device = dist.device if dist is not None else args.device
@@ -205,7 +204,7 @@ def main() -> None:
     parser.add_argument("--grad-sync", default="step")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
-    parser.add_argument("--knobs", default="", help="worker: r (no reshard after forward), f (forward-only compile)")
+    parser.add_argument("--knobs", default="", help="worker: r (layers never reshard after forward)")
     parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
     parser.add_argument("--row-timeout", type=float, default=480)
     parser.add_argument("--out", default=None)

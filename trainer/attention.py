@@ -47,11 +47,10 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, causal_or_sdpa_mask)
 
 
-def compile_body(model: Any, body: Any, regional: bool | str = False, forward_only: bool = False) -> None:
+def compile_body(model: Any, body: Any, regional: bool | str = False) -> None:
     """Compile `body` (the model without its LM head) in place: whole, or layer by layer (`regional`, or the
     fallback). Layer by layer, the 24 identical layers of a 0.5B model share one compiled graph: a fraction of
-    the compile time, at the price of Python between the layers. `forward_only`: each layer's `forward` is
-    compiled, not its whole call, so module hooks (FSDP's gathers and reductions) run outside the graph."""
+    the compile time, at the price of Python between the layers."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation == "sdpa":
         try:
@@ -65,14 +64,8 @@ def compile_body(model: Any, body: Any, regional: bool | str = False, forward_on
         body.compile()
         return
     layers = getattr(body, "layers", None)
-    dynamic = True if regional == "dynamic" else None
     for layer in layers if layers is not None else [body]:
-        if forward_only:
-            import torch
-
-            layer.forward = torch.compile(layer.forward, dynamic=dynamic)
-        else:
-            layer.compile(dynamic=dynamic)
+        layer.compile(dynamic=True if regional == "dynamic" else None)
 
 
 # -- varlen attention for statically packed rows ------------------------------------------------------------

@@ -29,12 +29,10 @@ from atropos_cli.errors import ModelLoadError
 
 from . import lora
 
-# Measured choices (benchmarks/bench_fsdp.py): whether layers re-gather their weights for the backward
-# (True: ZeRO-3 memory) or keep them gathered from the forward (False: fewer gathers, more memory), and whether
-# the compiled layers leave FSDP's hooks outside their graphs.
+# Whether layers re-gather their weights for the backward (True: ZeRO-3 memory) or keep them gathered from the
+# forward (False: fewer gathers, more memory); benchmarks/bench_fsdp.py compares them.
 RESHARD_LAYERS: bool | None = None  # None: the rule in `_reshard_layers`
 KEEP_GATHERED_FRACTION = 1 / 8  # layers stay gathered when the whole bf16 model is under this much of a GPU
-COMPILE_FORWARD_ONLY = False
 
 __all__ = ["LogprobModule", "shard", "ShardedPrecision", "full_tensor", "full_weights", "decoder_layers"]
 

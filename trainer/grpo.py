@@ -166,8 +166,7 @@ class GRPOTrainer:
                 import torch._functorch.config as functorch_config
 
                 functorch_config.activation_memory_budget = config.activation_memory_budget
-            body = _body_and_head(self.model)[0]
-            compile_body(lora.unwrap(self.model), body, REGIONAL_COMPILE, forward_only=fsdp.COMPILE_FORWARD_ONLY)
+            compile_body(lora.unwrap(self.model), _body_and_head(self.model)[0], REGIONAL_COMPILE)
         self.ref_model = None
         if self.loss_cfg.kl_beta > 0 and self.is_lora:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
