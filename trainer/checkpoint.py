@@ -21,7 +21,9 @@ from .lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
 
 __all__ = [
     "save_checkpoint",
-    "prune_checkpoints",
+    "temporary_dir",
+    "begin_checkpoint",
+    "finish_checkpoint",
     "latest_checkpoint",
     "read_trainer_state",
     "load_optimizer_state",
@@ -46,10 +48,7 @@ def save_checkpoint(
     """Write OUT/checkpoints/step-N atomically; keep only the newest `keep` (0 keeps all)."""
     import torch
 
-    final = out / CHECKPOINTS / f"step-{step}"
-    tmp = out / CHECKPOINTS / f".tmp-step-{step}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = begin_checkpoint(out, step)
     if is_lora_model(model):  # the merged weights (a plain HF model, for vLLM) + the adapter (for --resume)
         save_merged(model, tmp)
         save_adapter(model, tmp / ADAPTER_DIR)
@@ -59,18 +58,33 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    return finish_checkpoint(out, step, tmp, state, keep)
+
+
+def temporary_dir(out: Path, step: int) -> Path:
+    """Where step N's checkpoint is written until it is complete (never picked by --resume)."""
+    return out / CHECKPOINTS / f".tmp-step-{step}"
+
+
+def begin_checkpoint(out: Path, step: int) -> Path:
+    """An empty `temporary_dir` for step N's checkpoint (a leftover of a crashed save is removed)."""
+    tmp = temporary_dir(out, step)
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    return tmp
+
+
+def finish_checkpoint(out: Path, step: int, tmp: Path, state: dict[str, Any], keep: int) -> Path:
+    """Write trainer_state.json into the complete `tmp`, rename it to OUT/checkpoints/step-N (what --resume may
+    pick from then on) and keep only the newest `keep` checkpoints (0 keeps all)."""
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=2, default=str))
+    final = out / CHECKPOINTS / f"step-{step}"
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    prune_checkpoints(out, keep)
-    return final
-
-
-def prune_checkpoints(out: Path, keep: int) -> None:
-    """Keep only the newest `keep` checkpoints (0 keeps all)."""
     if keep > 0:
         for _, old in _step_dirs(out)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
+    return final
 
 
 def latest_checkpoint(out: Path) -> Path | None:

@@ -17,8 +17,6 @@ The directory is written under a temporary name and renamed by rank 0 once every
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +25,7 @@ import torch
 from atropos_cli.errors import ConfigError
 
 from . import lora
-from .checkpoint import CHECKPOINTS, prune_checkpoints
+from .checkpoint import CHECKPOINTS, begin_checkpoint, finish_checkpoint, read_trainer_state, temporary_dir
 from .distributed import Dist
 from .fsdp import full_tensor, full_weights
 
@@ -44,24 +42,18 @@ def save_sharded(out: Path, step: int, trainer: Any, state: dict[str, Any], keep
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    final = out / CHECKPOINTS / f"step-{step}"
-    tmp = out / CHECKPOINTS / f".tmp-step-{step}"
+    tmp = temporary_dir(out, step)
     if dist.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / SHARDED).mkdir(parents=True)
+        (begin_checkpoint(out, step) / SHARDED).mkdir()
     dist.barrier()
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED))
     torch.save(_rng_state(), tmp / SHARDED / f"rng-{dist.rank}.pt")
     _save_consolidated(tmp, trainer, dist)  # every rank joins the gathers; rank 0 writes
     if dist.is_main:
-        meta = {"step": step, "world_size": dist.world, **state}
-        (tmp / "trainer_state.json").write_text(json.dumps(meta, indent=2, default=str))
-        shutil.rmtree(final, ignore_errors=True)
-        tmp.rename(final)
-        prune_checkpoints(out, keep)
+        finish_checkpoint(out, step, tmp, {"world_size": dist.world, **state}, keep)
     dist.barrier()
-    return final
+    return out / CHECKPOINTS / f"step-{step}"
 
 
 def _save_consolidated(path: Path, trainer: Any, dist: Dist) -> None:
@@ -92,7 +84,7 @@ def load_sharded(checkpoint: Path, trainer: Any, dist: Dist) -> dict[str, Any]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
-    meta = json.loads((checkpoint / "trainer_state.json").read_text())
+    meta = read_trainer_state(checkpoint)
     if not is_sharded(checkpoint):
         _load_full(checkpoint, trainer)
         return meta
