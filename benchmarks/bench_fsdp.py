@@ -198,7 +198,7 @@ def main() -> None:
     parser.add_argument("--min-len", type=int, default=128)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--micro-batch-tokens", type=int, default=8192)
+    parser.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the trainer's (by world size)")
     parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--grad-sync", default="step")

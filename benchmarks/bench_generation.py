@@ -58,14 +58,19 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def ours(model, prompts: list[list[int]], new: int, device: str) -> tuple[float, float, list]:
-    from atropos_cli.inference.engine import StaticEngine, ring_length
+def ours(model, prompts: list[list[int]], new: int, device: str, group: int, compile_step: bool | None = None):
+    """Our engine on rows of `group` rollouts a prompt (prompt i // group for row i): (completion tok/s, first
+    call s, results)."""
+    from atropos_cli.inference.engine import StaticEngine, engine_shape
     from atropos_cli.inference.sampler import RowRequest
 
-    rows = [RowRequest(prompt_ids=p, max_new_tokens=new, temperature=1.0, seed=i) for i, p in enumerate(prompts)]
-    engine = StaticEngine(model, IdTokenizer(), len(rows), ring_length(rows))
+    rows = [
+        RowRequest(prompt_ids=prompts[i // group], max_new_tokens=new, temperature=1.0, seed=i)
+        for i in range(len(prompts))
+    ]
+    engine = StaticEngine(model, IdTokenizer(), engine_shape(rows, len(rows)), compile_step=compile_step)
     started = time.perf_counter()
-    engine.run(rows)  # warm-up: CUDA graph capture, the sampler's compilation
+    engine.run(rows)  # warm-up: CUDA graph capture, compilation
     _sync(device)
     first = time.perf_counter() - started
     started = time.perf_counter()
@@ -84,8 +89,8 @@ def ours_loop(model, prompts: list[list[int]], new: int, device: str) -> float:
     return sum(len(r.token_ids) for r in out) / (time.perf_counter() - started)
 
 
-def hf_generate(model, prompts: list[list[int]], new: int, device: str) -> float:
-    ids = torch.tensor(prompts, device=device)
+def hf_generate(model, prompts: list[list[int]], new: int, device: str, group: int) -> float:
+    ids = torch.tensor([prompts[i // group] for i in range(len(prompts))], device=device)
     kwargs = {"max_new_tokens": new, "min_new_tokens": new, "do_sample": True, "temperature": 1.0, "top_p": 1.0}
     with torch.inference_mode():
         model.generate(ids[:, :8], attention_mask=torch.ones_like(ids[:, :8]), **{**kwargs, "max_new_tokens": 4})
@@ -98,7 +103,7 @@ def hf_generate(model, prompts: list[list[int]], new: int, device: str) -> float
 
 def check_contract(model, device: str, vocab: int) -> list[str]:
     """On the card itself: raw logprobs = a forward pass; a seeded row is the same in two calls and alone."""
-    from atropos_cli.inference.engine import StaticEngine, ring_length
+    from atropos_cli.inference.engine import EngineShape, StaticEngine, engine_shape
     from atropos_cli.inference.sampler import RowRequest
 
     gen = torch.Generator().manual_seed(1)
@@ -107,11 +112,13 @@ def check_contract(model, device: str, vocab: int) -> list[str]:
         RowRequest(prompt_ids=p, max_new_tokens=24, temperature=0.8, top_p=0.9 if i % 2 else 1.0, seed=7 + i)
         for i, p in enumerate(prompts)
     ]
-    a = StaticEngine(model, IdTokenizer(), 4, ring_length(rows), sync_every=5).run(rows)
-    b = StaticEngine(model, IdTokenizer(), 8, ring_length(rows)).run(rows)
-    alone = StaticEngine(model, IdTokenizer(), 8, ring_length(rows[3:4])).run(rows[3:4])
+    rows += [RowRequest(**{**vars(r), "seed": 100 + i}) for i, r in enumerate(rows[:2] * 3)]  # groups of 4
+    shape = engine_shape(rows, 8)
+    a = StaticEngine(model, IdTokenizer(), shape, sync_every=5).run(rows)  # groups queue for 2 group slots
+    b = StaticEngine(model, IdTokenizer(), EngineShape(1, 16, shape.prompt_len, shape.gen_len)).run(rows)
+    alone = StaticEngine(model, IdTokenizer(), engine_shape(rows[3:4], 8)).run(rows[3:4])
     worst = 0.0
-    for p, r in zip(prompts, a, strict=True):
+    for p, r in zip([r.prompt_ids for r in rows], a, strict=True):
         with torch.inference_mode():
             logits = model(torch.tensor([p + r.token_ids], device=device)).logits[0].float()
         ref = torch.log_softmax(logits, -1)[len(p) - 1 : -1].gather(
@@ -121,7 +128,7 @@ def check_contract(model, device: str, vocab: int) -> list[str]:
     same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
     return [
         f"- logprobs vs a forward pass of prompt + completion: max |diff| {worst:.3g}",
-        f"- seeded rows, 4 slots vs 8 slots (rows queued vs all at once): {same}/{len(rows)} identical",
+        f"- seeded rows, groups of 4 sharing a prompt block (queued) vs a block per row: {same}/{len(rows)} identical",
         f"- seeded row alone vs batched: {'identical' if alone[0].token_ids == a[3].token_ids else 'differs'}",
     ]
 
@@ -175,6 +182,10 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--old-loop-batches", default="64", help="batch sizes that also time sample_rows (slow)")
+    parser.add_argument(
+        "--variants", default="8:1,1:1,8:0", help="rows of GROUP:COMPILE (rollouts a prompt; 1 = compiled step)"
+    )
+    parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
     parser.add_argument("--loop-steps", type=int, default=3)
     parser.add_argument("--out", default=None)
@@ -198,21 +209,34 @@ def main() -> None:
     except ImportError:
         lines.append("vLLM: not installed on this machine (no row).")
     lines += check_contract(model, args.device, vocab)
+    print("\n".join(lines), flush=True)
+    variants = [v.split(":") for v in args.variants.split(",")]  # group:compile
     lines += [
         "",
-        "| batch | ours tok/s | ours first call s | transformers generate tok/s | ours / generate | ours, loop tok/s |",
-        "|---|---|---|---|---|---|",
+        "| batch | rollouts a prompt | ours tok/s | step compiled | ours first call s | transformers generate tok/s "
+        "| ours / generate | ours, loop tok/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for batch in (int(b) for b in args.batches.split(",")):
         gen = torch.Generator().manual_seed(batch)
         prompts = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).tolist()
-        tps, first, _ = ours(model, prompts, args.new_tokens, args.device)
-        hf = hf_generate(model, prompts, args.new_tokens, args.device)
-        old = ours_loop(model, prompts, args.new_tokens, args.device) if str(batch) in args.old_loop_batches else None
-        lines.append(
-            f"| {batch} | {tps:,.0f} | {first:.1f} | {hf:,.0f} | {tps / hf:.1f}x | {f'{old:,.0f}' if old else '-'} |"
-        )
-        print(lines[-1], flush=True)
+        hf_by_group: dict[int, float] = {}
+        for group_s, comp in variants:
+            group, compiled = int(group_s), comp == "1"
+            tps, first, _ = ours(model, prompts, args.new_tokens, args.device, group, compiled)
+            if not hf_by_group and not args.no_generate:  # generate shares nothing: one row count, one time
+                hf_by_group[0] = hf_generate(model, prompts, args.new_tokens, args.device, group)
+            hf = hf_by_group.get(0)
+            old = None
+            if str(batch) in args.old_loop_batches.split(",") and group == 1 and not compiled:
+                old = ours_loop(model, prompts, args.new_tokens, args.device)
+            cells = [f"{hf:,.0f}" if hf else "-", f"{tps / hf:.1f}x" if hf else "-", f"{old:,.0f}" if old else "-"]
+            lines.append(
+                f"| {batch} | {group} | {tps:,.0f} | {'yes' if compiled else 'no'} | {first:.1f} | "
+                + " | ".join(cells)
+                + " |"
+            )
+            print(lines[-1], flush=True)
     del model
     if not args.no_loop:
         lines += ["", *loop_split(args)]

@@ -207,7 +207,7 @@ def parse_variant(spec: str) -> dict:
     0, 1 or a (auto: GRPOConfig's default), e.g. 8192:0:a:auto:a is the default configuration."""
     parts = spec.split(":")
     return {
-        "micro": int(parts[0]),
+        "micro": None if parts[0] == "a" else int(parts[0]),  # a: the trainer's default
         "ckpt": bool(int(parts[1])),
         "compile": _tri(parts[2]),
         "dtype": parts[3],
@@ -221,7 +221,7 @@ def parse_variant(spec: str) -> dict:
 def describe(v: dict) -> str:
     auto = v["compile"] is None and v["pack"] is None and v["dtype"] == "auto"
     text = "**defaults**: " if auto else ""
-    text += f"{v['dtype']}, micro-batch {v['micro']} tokens, ckpt {'on' if v['ckpt'] else 'off'}"
+    text += f"{v['dtype']}, micro-batch {v['micro'] or 'default'} tokens, ckpt {'on' if v['ckpt'] else 'off'}"
     text += {None: "", True: ", compiled", False: ", eager"}[v["compile"]]
     text += {None: "", True: ", packed", False: ", padded"}[v["pack"]]
     text += f", activation budget {v['budget']}" if v["budget"] is not None else ""

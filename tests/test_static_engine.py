@@ -1,14 +1,23 @@
 """The static engine (the CUDA default of the local backend) keeps the sampling contract, checked on CPU where it
 runs the same step eagerly: the same greedy tokens, finish reasons and text as the loop sampler; raw logprobs
 equal to a forward pass; seeded rows reproducible whatever the slot count; stop strings cut where a per-token
-check would; rows queued behind full slots (continuous batching) and a ring that wraps."""
+check would; groups queued behind full group slots (continuous batching); a group's rows sharing one prompt
+block give what they give alone; the split attention equals attention over prompt + generated tokens."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from atropos_cli.inference.engine import StaticEngine, _chunks, decode_attention, ring_length
+from atropos_cli.inference.engine import (
+    EngineShape,
+    GroupCache,
+    StaticEngine,
+    _chunks,
+    engine_shape,
+    gen_bucket,
+    group_attention,
+)
 from atropos_cli.inference.local import load_model
 from atropos_cli.inference.sampler import RowRequest, sample_rows
 from atropos_cli.resources import DEFAULT_MODEL
@@ -19,6 +28,10 @@ from tiny_models import tiny_causal_lm
 def shipped():
     state = load_model(DEFAULT_MODEL, "cpu", "float32")
     return state.model, state.tokenizer
+
+
+def engine(model, tokenizer, rows, max_rows: int, sync_every: int = 8) -> StaticEngine:
+    return StaticEngine(model, tokenizer, engine_shape(rows, max_rows), sync_every=sync_every)
 
 
 def prompts(tokenizer, n: int) -> list[list[int]]:
@@ -32,7 +45,7 @@ def test_greedy_rows_match_the_loop_sampler(shipped):
         for i, p in enumerate(prompts(tokenizer, 11))
     ]
     expected = sample_rows(model, tokenizer, rows)
-    got = StaticEngine(model, tokenizer, slots=4, length=ring_length(rows), sync_every=3).run(rows)  # 11 rows queue
+    got = engine(model, tokenizer, rows, 4, sync_every=3).run(rows)  # 11 rows queue
     for a, b in zip(expected, got, strict=True):
         assert (b.token_ids, b.finish_reason, b.text) == (a.token_ids, a.finish_reason, a.text)
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-4)
@@ -46,13 +59,11 @@ def test_sampled_rows_have_raw_logprobs_and_are_reproducible(shipped):
         RowRequest(prompt_ids=p, max_new_tokens=12, temperature=0.7 + 0.2 * i, top_p=0.8 if i % 2 else 1.0, seed=i)
         for i, p in enumerate(ps)
     ]
-    first = StaticEngine(model, tokenizer, slots=2, length=ring_length(rows), sync_every=4).run(rows)
-    again = StaticEngine(model, tokenizer, slots=8, length=ring_length(rows), sync_every=7).run(rows)
+    first = engine(model, tokenizer, rows, 2, sync_every=4).run(rows)
+    again = engine(model, tokenizer, rows, 8, sync_every=7).run(rows)
     assert [r.token_ids for r in first] == [r.token_ids for r in again]
     other_seed = [RowRequest(**{**vars(r), "seed": r.seed + 100}) for r in rows]
-    assert [r.token_ids for r in StaticEngine(model, tokenizer, 8, ring_length(rows)).run(other_seed)] != [
-        r.token_ids for r in first
-    ]
+    assert [r.token_ids for r in engine(model, tokenizer, rows, 8).run(other_seed)] != [r.token_ids for r in first]
     for p, r in zip(ps, first, strict=True):
         with torch.no_grad():
             logp = torch.log_softmax(model(torch.tensor([p + r.token_ids])).logits[0].float(), -1)
@@ -66,44 +77,75 @@ def test_stop_strings_cut_like_a_per_token_check(shipped):
         RowRequest(prompt_ids=p, max_new_tokens=10, temperature=0.0, stop=["1", "3"]) for p in prompts(tokenizer, 9)
     ]
     expected = sample_rows(model, tokenizer, rows)
-    got = StaticEngine(model, tokenizer, slots=4, length=ring_length(rows), sync_every=8).run(rows)
+    got = engine(model, tokenizer, rows, 4).run(rows)
     assert [(r.token_ids, r.text, r.finish_reason) for r in got] == [
         (r.token_ids, r.text, r.finish_reason) for r in expected
     ]
     assert any(r.finish_reason == "stop" and r.token_ids[-1] != tokenizer.eos_token_id for r in got)
 
 
-def test_a_wrapping_ring_and_gqa_decode_attention_match_a_full_forward():
-    """A GQA model (decode_attention folds query heads), long rows through a short ring with rows queued."""
+class Ids:
+    eos_token_id, pad_token_id = None, 0
+
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+def forward_logprobs(model, prompt, tokens) -> list[float]:
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([prompt + tokens])).logits[0].float(), -1)
+    return [float(logp[len(prompt) - 1 + j, t]) for j, t in enumerate(tokens)]
+
+
+def test_groups_share_a_prompt_block_and_match_rows_alone():
+    """A GQA model; groups of 3 and 5 rows (one larger than the width: two chunks), more groups than slots (they
+    queue), each row's tokens equal to the same seeded row decoded with a prompt block of its own."""
     model = tiny_causal_lm("qwen", 89, seed=1).eval()
-
-    class Ids:
-        eos_token_id, pad_token_id = None, 0
-
-        def decode(self, ids, skip_special_tokens=True):
-            return " ".join(map(str, ids))
-
     gen = torch.Generator().manual_seed(0)
     ps = [torch.randint(1, 89, (n,), generator=gen).tolist() for n in (3, 9, 5, 12, 7)]
-    rows = [RowRequest(prompt_ids=p, max_new_tokens=20, temperature=1.0, seed=i) for i, p in enumerate(ps)]
-    out = StaticEngine(model, Ids(), slots=2, length=40, sync_every=6).run(rows)  # the cursor wraps the ring
-    for p, r in zip(ps, out, strict=True):
-        assert len(r.token_ids) == 20 and r.finish_reason == "length"
-        with torch.no_grad():
-            logp = torch.log_softmax(model(torch.tensor([p + r.token_ids])).logits[0].float(), -1)
-        forward = [float(logp[len(p) - 1 + j, t]) for j, t in enumerate(r.token_ids)]
-        assert r.logprobs == pytest.approx(forward, abs=1e-4)
-    q, k, v = torch.randn(3, 4, 1, 8), torch.randn(3, 2, 6, 8), torch.randn(3, 2, 6, 8)
-    mask = torch.rand(3, 1, 1, 6) > 0.3
-    mask[..., 0] = True
-    folded, _ = decode_attention(None, q, k, v, mask, scaling=0.3)
-    reference = torch.nn.functional.scaled_dot_product_attention(
-        q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), attn_mask=mask, scale=0.3
-    )
-    assert torch.allclose(folded, reference.transpose(1, 2), atol=1e-6)
+    rows = [
+        RowRequest(prompt_ids=p, max_new_tokens=20 + 3 * k, temperature=1.0, seed=10 * i + k)
+        for i, p in enumerate(ps)
+        for k in range(5 if i == 1 else 3)
+    ]
+    shape = engine_shape(rows, 16)
+    assert (shape.width, shape.groups) == (8, 2)  # width: the largest group (5) rounded up; 16 rows at most
+    grouped = StaticEngine(model, Ids(), EngineShape(4, 2, shape.prompt_len, shape.gen_len), sync_every=6).run(rows)
+    alone = StaticEngine(model, Ids(), EngineShape(1, 8, shape.prompt_len, shape.gen_len), sync_every=5).run(rows)
+    for row, a, b in zip(rows, grouped, alone, strict=True):
+        assert a.token_ids == b.token_ids and len(a.token_ids) == row.max_new_tokens and a.finish_reason == "length"
+        assert a.logprobs == pytest.approx(forward_logprobs(model, row.prompt_ids, a.token_ids), abs=1e-4)
+    assert len({tuple(r.token_ids) for r in grouped[:3]}) == 3  # a group's rows sample apart (their own seeds)
+
+
+def test_group_attention_equals_attention_over_prompt_and_generated_tokens():
+    """2 group slots x 3 rows, 4 query heads on 2 KV heads: the split softmax against a plain SDPA over each row's
+    prompt entries (its group's) followed by its own generated entries."""
+    torch.manual_seed(0)
+    shape = EngineShape(width=3, groups=2, prompt_len=8, gen_len=8)
+    cache = GroupCache(1, shape, heads=2, dim=4, dtype=torch.float32, device=torch.device("cpu"))
+    for t in (cache.prompt_k[0], cache.prompt_v[0], cache.gen_k[0], cache.gen_v[0]):
+        t.copy_(torch.randn_like(t))
+    cache.prompt_len.copy_(torch.tensor([5, 8]))
+    cache.gen_pos.copy_(torch.tensor([0, 3, 6, 1, 7, 2]))
+    cache.bucket = 8
+    cache.refresh_masks()
+    q = torch.randn(6, 4, 1, 4)
+
+    class Layer:
+        layer_idx = 0
+
+    out, _ = group_attention(Layer(), q, None, None, None, scaling=0.4, atropos_kv=cache)
+    for row in range(6):
+        g, n_p, n_g = row // 3, int(cache.prompt_len[row // 3]), int(cache.gen_pos[row]) + 1
+        k = torch.cat([cache.prompt_k[0][g, :, :n_p], cache.gen_k[0][row, :, :n_g]], 1).repeat_interleave(2, 0)
+        v = torch.cat([cache.prompt_v[0][g, :, :n_p], cache.gen_v[0][row, :, :n_g]], 1).repeat_interleave(2, 0)
+        ref = torch.nn.functional.scaled_dot_product_attention(q[row], k, v, scale=0.4)  # [4, 1, 4]
+        assert torch.allclose(out[row, 0], ref[:, 0], atol=1e-5)
 
 
 def test_prefill_chunks_stay_within_the_token_budget():
     assert _chunks([10, 10, 10, 10], 25) == [(0, 2), (2, 4)]
     assert _chunks([100, 1, 1], 50) == [(0, 1), (1, 3)]  # one oversized prompt still gets its own chunk
-    assert ring_length([RowRequest(prompt_ids=[1] * 200, max_new_tokens=100)]) == 384
+    assert engine_shape([RowRequest(prompt_ids=[1] * 200, max_new_tokens=100)], 8) == EngineShape(1, 8, 256, 128)
+    assert [gen_bucket(n) for n in (1, 128, 129, 200, 256)] == [128, 128, 256, 256, 256]

@@ -33,7 +33,7 @@ from . import fsdp, lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
 from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .config import GRPOConfig
+from .config import GRPOConfig, default_micro_batch_tokens
 from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
@@ -159,7 +159,11 @@ class GRPOTrainer:
                 self.model.enable_input_require_grads()
         self.model.train()
         self.pack = packing_mode(self.model, config.pack, self.device)
-        self.static_shape = StaticShape.for_budget(config.micro_batch_tokens, config.max_len, EXACT_ROWS)
+        if config.micro_batch_tokens is None:  # resolved once, so config.yaml and checkpoints record the value
+            params = sum(p.numel() for p in self.model.parameters())
+            config.micro_batch_tokens = default_micro_batch_tokens(self.device, dist.world if dist else 1, params)
+        self.micro_batch_tokens: int = config.micro_batch_tokens
+        self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
         compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
         if compile_on and self.device.startswith("cuda"):
             if config.activation_memory_budget is not None:
@@ -313,7 +317,7 @@ class GRPOTrainer:
             return []
         if self.pack == "static":
             return static_micro_batches(samples, self.static_shape)
-        return micro_batches(samples, self.config.micro_batch_tokens, self.pack == "rows")
+        return micro_batches(samples, self.micro_batch_tokens, self.pack == "rows")
 
     def _set_lr(self) -> None:
         warm = self.config.warmup_steps

@@ -1,26 +1,31 @@
-"""The local backend's static engine (the CUDA default): a fixed-shape decode step captured as a CUDA graph.
+"""The local backend's static engine (the CUDA default): prefix-shared block KV cache, CUDA-graph decode steps.
 
-Where it sits: `LocalBackend._run_jobs` hands it the batch's `RowRequest`s (sampler.py) and gets `RowResult`s
-back, the same contract as `sample_rows` (token ids, raw logprobs, finish reasons, stop strings, per-row
-temperature / top-p / seed). `sample_rows` stays the CPU path and the path for top-logprobs requests.
+Where it sits: `LocalBackend._sample` hands it the batch's `RowRequest`s (sampler.py) and gets `RowResult`s back,
+the same contract as `sample_rows` (token ids, raw logprobs, finish reasons, stop strings, per-row temperature /
+top-p / seed). `sample_rows` stays the CPU path and the path for top-logprobs requests.
 
-How:
-- `slots` rows decode together over a ring KV cache ([slots, kv heads, length, dim] per layer, `RingCache`):
-  every step writes each slot's new key/value at one shared cursor, and a per-slot validity mask tells attention
-  which entries are the slot's. A row needs `prompt + max_new <= length` entries, wherever they start.
-- Continuous batching: rows wait in a queue; a free slot takes the next one by a prefill (an ordinary forward
-  over the new prompts, left-padded, whose keys/values are copied into the ring just before the cursor).
-  Finished rows free their slot at the next host sync.
-- The decode step (model forward for one token a slot, raw log-softmax, Gumbel-max sampling at each row's
-  temperature and top-p, EOS / length checks, bookkeeping) runs on the GPU with no host sync; on CUDA it is
-  captured once per (slots, length) as a CUDA graph and replayed. The host reads the tokens every
-  `sync_every` steps (one copy), checks stop strings and refills slots.
-- Sampling noise is a counter-based hash of (row seed, token index, vocab id), so it needs no generator state:
-  a seeded row gets the same noise whatever slot or batch it lands in. Its tokens are bitwise the same across
-  identical calls; alone vs batched they are the same unless a near-tie in the logits flips (batched matrix
-  products can round differently in the last bit).
-- GQA decode attention: a slot's query heads that share a KV head are folded into that head's query rows,
-  so SDPA reads each cached key once instead of once per query head (`decode_attention`).
+How (the serving tricks, for RL's shape: n rollouts of the same prompt):
+- **Groups share their prompt.** Rows with identical prompt ids form a group (chunks of at most `width` rows).
+  The cache has one *prompt block* per group slot ([groups, kv heads, prompt_len, dim] a layer), prefilled once
+  by one forward of the prompt, and one *generation block* per row ([groups x width, kv heads, gen_len, dim]).
+  A group's n rows never copy or re-read each other's prompt: the prompt is prefilled once and its keys/values
+  are read once a step for all n rows (`group_attention`: the group's n x (query heads per KV head) query rows
+  are one matrix product against the shared block; each row's own tokens are a second one; one softmax over
+  both, in fp32, so the result is exactly attention over prompt + row).
+- **Continuous batching by group slot.** A finished group frees its slot; the next queued group is prefilled
+  into it while the others keep decoding.
+- **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
+  each row's temperature / top-p, EOS and length checks) and on CUDA `sync_every` steps are captured as one CUDA
+  graph per (top-p on/off, generation bucket) and replayed; the host reads tokens once per replay, checks stop
+  strings and refills slots. Generation blocks are read only up to the current bucket (a power of two covering
+  the longest row so far, `gen_bucket`), so early steps read a short cache.
+- On CUDA the whole decode step is compiled (`compile_step`) before its graphs are captured: inductor fuses the
+  norms, rotary, the split attention's softmax and the sampler, so a step launches a few kernels a layer (measured
+  2.4x at batch 64 over the eager step; compiling layer by layer instead gave no gain). The price is compile time
+  on the first call: one compile per engine shape and generation bucket.
+- Sampling noise is a counter-based hash of (row seed, token index, vocab id): a seeded row gets the same noise
+  whatever slot or batch it lands in. Its tokens are bitwise the same across identical calls; alone vs batched
+  they are the same unless a near-tie in the logits flips (batched products can round differently).
 """
 
 from __future__ import annotations
@@ -30,69 +35,171 @@ from typing import Any
 
 from atropos_cli.inference.sampler import RowRequest, RowResult, cache_kwarg, eos_ids, stop_cut
 
-__all__ = ["StaticEngine", "DECODE_ATTENTION", "decode_attention", "ring_length"]
+__all__ = ["StaticEngine", "EngineShape", "engine_shape", "group_attention", "supports", "GROUP_ATTENTION"]
 
-DECODE_ATTENTION = "atropos_decode"
+GROUP_ATTENTION = "atropos_group"
 PREFILL_TOKENS = 32768  # padded prompt tokens per prefill forward
+GEN_BUCKET = 128  # the shortest generation read (buckets are powers of two from here)
+PROMPT_MULTIPLE = 64
 _MASK32 = 0xFFFFFFFF
 
 
-def ring_length(rows: list[RowRequest], multiple: int = 128) -> int:
-    """KV entries a slot needs for these rows, rounded up (few distinct shapes, so few graph captures)."""
-    need = max(len(r.prompt_ids) + r.max_new_tokens for r in rows)
-    return -(-need // multiple) * multiple
+@dataclass(frozen=True)
+class EngineShape:
+    """The engine's static shape: `groups` group slots of `width` rows, prompt and generation block lengths."""
+
+    width: int
+    groups: int
+    prompt_len: int
+    gen_len: int
+
+    @property
+    def slots(self) -> int:
+        return self.width * self.groups
 
 
-def decode_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling=None, **kw: Any):
-    """SDPA for one query token a row with GQA folded: query [B, Hq, 1, D] -> [B, Hkv, Hq/Hkv, D] against
-    key/value [B, Hkv, L, D] and a [B, 1, 1, L] mask. Anything else goes to transformers' SDPA function."""
+def _round_up(n: int, multiple: int) -> int:
+    return max(multiple, -(-n // multiple) * multiple)
+
+
+def group_rows(rows: list[RowRequest], width: int) -> list[list[int]]:
+    """Row indices grouped by identical prompt (first-seen order), each group cut into chunks of `width`."""
+    by_prompt: dict[tuple[int, ...], list[int]] = {}
+    for i, r in enumerate(rows):
+        by_prompt.setdefault(tuple(r.prompt_ids), []).append(i)
+    return [idx[k : k + width] for idx in by_prompt.values() for k in range(0, len(idx), width)]
+
+
+def gen_bucket(entries: int) -> int:
+    """Generation entries a step reads: a power of two, at least `GEN_BUCKET` (few buckets, few graphs)."""
+    return max(GEN_BUCKET, 1 << (entries - 1).bit_length())
+
+
+def engine_shape(rows: list[RowRequest], max_rows: int) -> EngineShape:
+    """The shape for this batch: width = the largest group (at most `max_rows`), enough group slots for the batch
+    rounded up to a power of two rows (at most `max_rows`; more groups queue), blocks rounded up (few shapes)."""
+    sizes: dict[tuple[int, ...], int] = {}
+    for r in rows:
+        key = tuple(r.prompt_ids)
+        sizes[key] = sizes.get(key, 0) + 1
+    width = 1 << (min(max(sizes.values()), max_rows) - 1).bit_length()
+    width = min(width, max_rows)
+    wanted = sum(-(-s // width) for s in sizes.values()) * width
+    slots = min(max_rows, 1 << max(3, (wanted - 1).bit_length()))
+    groups = max(1, slots // width)
+    prompt = _round_up(max(len(r.prompt_ids) for r in rows), PROMPT_MULTIPLE)
+    gen = gen_bucket(max(r.max_new_tokens for r in rows))
+    return EngineShape(width, groups, prompt, gen)
+
+
+def supports(model: Any) -> bool:
+    """Whether the engine can drive this model: decoder layers whose attention has a `layer_idx` and calls
+    transformers' attention interface, no sliding window."""
+    cfg = model.config
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        return False
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not layers:
+        return False
+    attn = getattr(layers[0], "self_attn", None)
+    return attn is not None and hasattr(attn, "layer_idx")
+
+
+def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling=None, **kw: Any):
+    """Decode attention over a group's shared prompt block plus each row's own generation block.
+
+    query [S, Hq, 1, D] (S = groups x width rows); the blocks come from `atropos_kv` (a `GroupCache`). Scores
+    against both blocks share one fp32 softmax (max and sum over both), then the two value products are added:
+    exactly softmax attention over prompt + generated tokens. Anything else (prefill) goes to SDPA."""
     import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    b, hq, q_len, d = query.shape
-    hk = key.shape[1]
-    if q_len != 1 or hq == hk or attention_mask is None or attention_mask.dim() != 4:
+    kv = kw.pop("atropos_kv", None)
+    if kv is None or query.shape[2] != 1:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
-    q = query.reshape(b, hk, hq // hk, d)
-    out = torch.nn.functional.scaled_dot_product_attention(q, key, value, attn_mask=attention_mask, scale=scaling)
-    return out.reshape(b, hq, 1, d).transpose(1, 2), None
+    layer = module.layer_idx
+    s, hq, _, d = query.shape
+    hk, n = kv.heads, kv.width
+    g, r = s // n, hq // hk
+    scale = scaling if scaling is not None else d**-0.5
+    q = query.reshape(s, hk, r, d)
+    qg = q.reshape(g, n, hk, r, d).permute(0, 2, 1, 3, 4).reshape(g, hk, n * r, d)
+    bucket = kv.bucket
+    gen_k, gen_v = kv.gen_k[layer][:, :, :bucket], kv.gen_v[layer][:, :, :bucket]
+    s1 = torch.matmul(qg, kv.prompt_k[layer].transpose(-1, -2)).float() * scale  # [G, hk, n*r, Lp]
+    s1 = s1.masked_fill(~kv.prompt_mask[:, None, None, :], float("-inf"))
+    s2 = torch.matmul(q, gen_k.transpose(-1, -2)).float() * scale  # [S, hk, r, B]
+    s2 = s2.masked_fill(~kv.gen_mask[:, None, None, :], float("-inf"))
+
+    def to_rows(t: Any) -> Any:  # [G, hk, n*r, ...] -> [S, hk, r, ...]
+        tail = t.shape[3:]
+        return t.reshape(g, hk, n, r, *tail).transpose(1, 2).reshape(s, hk, r, *tail)
+
+    def to_groups(t: Any) -> Any:  # [S, hk, r, ...] -> [G, hk, n*r, ...]
+        tail = t.shape[3:]
+        return t.reshape(g, n, hk, r, *tail).transpose(1, 2).reshape(g, hk, n * r, *tail)
+
+    m = torch.maximum(to_rows(s1.amax(-1)), s2.amax(-1))  # [S, hk, r]
+    e1 = torch.exp(s1 - to_groups(m)[..., None])
+    e2 = torch.exp(s2 - m[..., None])
+    denom = to_rows(e1.sum(-1)) + e2.sum(-1)
+    o1 = to_rows(torch.matmul(e1.to(query.dtype), kv.prompt_v[layer]))
+    o2 = torch.matmul(e2.to(query.dtype), gen_v)
+    out = (o1.float() + o2.float()) / denom[..., None]
+    return out.reshape(s, 1, hq, d).to(query.dtype), None
 
 
-def _use_decode_attention(model: Any) -> None:
+def _use_group_attention(model: Any) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
-    AttentionInterface.register(DECODE_ATTENTION, decode_attention)
-    AttentionMaskInterface.register(DECODE_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
-    model.set_attn_implementation(DECODE_ATTENTION)
+    AttentionInterface.register(GROUP_ATTENTION, group_attention)
+    AttentionMaskInterface.register(GROUP_ATTENTION, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    model.set_attn_implementation(GROUP_ATTENTION)
 
 
-class RingCache:
-    """A static KV cache that transformers' attention layers write through `update`: [slots, kv heads, length,
-    dim] per layer, one write position (`cursor`, a device tensor) for every slot."""
+class GroupCache:
+    """Prompt blocks per group slot, generation blocks per row; transformers' attention layers write the decode
+    step's new key/value through `update` at each row's own generation position (`gen_pos`)."""
 
     is_compileable = True
 
-    def __init__(self, layers: int, slots: int, length: int, heads: int, dim: int, dtype: Any, device: Any):
+    def __init__(self, layers: int, shape: EngineShape, heads: int, dim: int, dtype: Any, device: Any):
         import torch
 
-        shape = (slots, heads, length, dim)
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.cursor = torch.zeros(1, dtype=torch.long, device=device)
-        self.length = length
+        p_shape = (shape.groups, heads, shape.prompt_len, dim)
+        g_shape = (shape.slots, heads, shape.gen_len, dim)
+        self.prompt_k = [torch.zeros(p_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.prompt_v = [torch.zeros(p_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.gen_k = [torch.zeros(g_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.gen_v = [torch.zeros(g_shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.heads, self.width = heads, shape.width
+        self.rows = torch.arange(shape.slots, device=device)
+        self.prompt_pos = torch.arange(shape.prompt_len, device=device)
+        self.gen_pos_range = torch.arange(shape.gen_len, device=device)
+        self.prompt_len = torch.zeros(shape.groups, dtype=torch.long, device=device)
+        self.gen_pos = torch.zeros(shape.slots, dtype=torch.long, device=device)
+        self.bucket = shape.gen_len  # a host int: the generation entries a step reads (one graph per value)
+        self.prompt_mask = self.prompt_pos[None, :] < self.prompt_len[:, None]
+        self.gen_mask = self.gen_pos_range[None, :] <= self.gen_pos[:, None]
+
+    def refresh_masks(self) -> None:
+        """Masks of this step (prompt entries of each group, a row's generated entries up to its new one)."""
+        self.prompt_mask = self.prompt_pos[None, :] < self.prompt_len[:, None]
+        self.gen_mask = self.gen_pos_range[None, : self.bucket] <= self.gen_pos[:, None]
 
     def update(self, key: Any, value: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-        self.keys[layer_idx].index_copy_(2, self.cursor, key)
-        self.values[layer_idx].index_copy_(2, self.cursor, value)
-        return self.keys[layer_idx], self.values[layer_idx]
+        self.gen_k[layer_idx][self.rows, :, self.gen_pos] = key[:, :, 0]
+        self.gen_v[layer_idx][self.rows, :, self.gen_pos] = value[:, :, 0]
+        return key, value
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
 
 
 class _Capture:
-    """A cache for a prefill: keeps each layer's keys/values of the prompt (for copying into the ring)."""
+    """A cache for a prefill: keeps each layer's keys/values of the prompts (for copying into prompt blocks)."""
 
     is_compileable = False
 
@@ -140,58 +247,64 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
 
 
 @dataclass
-class _Slot:
-    row: int = -1  # index into the call's rows; -1 = free
+class _Row:
+    index: int  # into the call's rows
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    done: bool = False
 
 
 class StaticEngine:
-    """Owns the ring cache, the per-slot state tensors and (CUDA) the captured decode graph of one model."""
+    """Owns the group cache, the per-row state tensors and (CUDA) the captured decode graphs of one model."""
 
-    def __init__(self, model: Any, tokenizer: Any, slots: int, length: int, sync_every: int = 8) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, shape: EngineShape, sync_every: int = 8, compile_step: bool | None = None
+    ) -> None:
         import torch
 
         cfg = model.config
-        self.model, self.tokenizer = model, tokenizer
-        self.slots, self.length, self.sync_every = slots, length, sync_every
+        self.model, self.tokenizer, self.shape = model, tokenizer, shape
+        self.sync_every = sync_every
         self.device = model.device
         self.cache_kw = cache_kwarg(model)
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
         dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.cache = RingCache(cfg.num_hidden_layers, slots, length, heads, dim, model.dtype, self.device)
+        self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device)
         self.eos = sorted(eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos or [0])[0]
-        if getattr(cfg, "_attn_implementation", None) in ("sdpa", None):
-            _use_decode_attention(model)
-        z = lambda dtype: torch.zeros(slots, dtype=dtype, device=self.device)  # noqa: E731
+        _use_group_attention(model)
+        slots, dev = shape.slots, self.device
+        z = lambda dtype: torch.zeros(slots, dtype=dtype, device=dev)  # noqa: E731
         long, f32, bool_ = torch.long, torch.float32, torch.bool
         self.state = {
             "token": z(long), "pos": z(long), "active": z(bool_), "generated": z(long), "max_new": z(long),
-            "inv_temp": torch.ones(slots, dtype=f32, device=self.device), "greedy": z(bool_),
-            "top_p": torch.ones(slots, dtype=f32, device=self.device), "seed": z(long),
+            "inv_temp": torch.ones(slots, dtype=f32, device=dev), "greedy": z(bool_),
+            "top_p": torch.ones(slots, dtype=f32, device=dev), "seed": z(long),
         }  # fmt: skip
-        self.valid = torch.zeros(slots, length, dtype=bool_, device=self.device)
-        self.eos_tensor = torch.tensor(self.eos or [-1], dtype=long, device=self.device)
-        self.column = torch.zeros(1, dtype=long, device=self.device)
-        self.out_token = torch.zeros(slots, sync_every, dtype=long, device=self.device)
-        self.out_logp = torch.zeros(slots, sync_every, dtype=f32, device=self.device)
-        self.out_alive = torch.zeros(slots, sync_every, dtype=bool_, device=self.device)
-        self._graphs: dict[bool, Any] = {}
-        self._sampler = _compiled_sampler(self.device)
+        self.dummy_mask = torch.ones(slots, 1, 1, 1, dtype=bool_, device=dev)  # a 4D mask: transformers passes it on
+        self.eos_tensor = torch.tensor(self.eos or [-1], dtype=long, device=dev)
+        self.column = torch.zeros(1, dtype=long, device=dev)
+        self.out_token = torch.zeros(slots, sync_every, dtype=long, device=dev)
+        self.out_logp = torch.zeros(slots, sync_every, dtype=f32, device=dev)
+        self.out_alive = torch.zeros(slots, sync_every, dtype=bool_, device=dev)
+        self._graphs: dict[tuple[bool, int], Any] = {}
+        self._pool: Any = None
+        on_cuda = self.device.type == "cuda"
+        self._sampler = _compiled(sample_step) if on_cuda else sample_step
+        compile_step = on_cuda if compile_step is None else compile_step
+        self._step_fn = _compiled(self._step) if compile_step else self._step
+        self._step_sampler = sample_step if compile_step else self._sampler  # a compiled step fuses it itself
 
     # -- the step (no host sync) ------------------------------------------------------------------------
     def _step(self, use_top_p: bool) -> None:
-
         s, cache = self.state, self.cache
-        self.valid.index_fill_(1, cache.cursor, True)  # every slot sees its own new entry (no empty mask row)
-        mask = self.valid[:, None, None, :]
+        cache.refresh_masks()
         out = self.model(
-            input_ids=s["token"][:, None], position_ids=s["pos"][:, None], attention_mask=mask,
-            cache_position=cache.cursor, use_cache=True, **{self.cache_kw: cache},
+            input_ids=s["token"][:, None], position_ids=s["pos"][:, None], attention_mask=self.dummy_mask,
+            use_cache=True, atropos_kv=cache, logits_to_keep=1, **{self.cache_kw: cache},
         )  # fmt: skip
         logits = out.logits[:, -1, :].float()
-        token, logp = self._sampler(
+        token, logp = self._step_sampler(
             logits, s["inv_temp"], s["greedy"], s["top_p"], s["seed"], s["generated"], use_top_p
         )
         alive = s["active"].clone()
@@ -201,29 +314,31 @@ class StaticEngine:
         done = (token[:, None] == self.eos_tensor[None, :]).any(-1) | (s["generated"] + 1 >= s["max_new"])
         s["active"].logical_and_(~done)
         s["token"].copy_(token)
-        s["pos"].add_(1)
-        s["generated"].add_(1)
-        cache.cursor.add_(1).remainder_(self.length)
+        step = alive.long()  # finished rows stop advancing: their next writes stay inside their block
+        s["pos"].add_(step)
+        s["generated"].add_(step)
+        cache.gen_pos.add_(step)
         self.column.add_(1)
 
-    def _run_steps(self, use_top_p: bool) -> None:
-        """`sync_every` decode steps: replays of the captured graph on CUDA, eager elsewhere."""
+    def _run_steps(self, use_top_p: bool, bucket: int) -> None:
+        """`sync_every` decode steps: replays of the captured graph on CUDA, eager (or compiled) elsewhere."""
         import torch
 
+        self.cache.bucket = bucket
         self.column.zero_()
         if self.device.type != "cuda":
             with torch.inference_mode():
                 for _ in range(self.sync_every):
-                    self._step(use_top_p)
+                    self._step_fn(use_top_p)
             return
-        graph = self._graphs.get(use_top_p)
+        graph = self._graphs.get((use_top_p, bucket))
         if graph is None:
-            graph = self._graphs[use_top_p] = self._capture(use_top_p)
+            graph = self._graphs[(use_top_p, bucket)] = self._capture(use_top_p)
         graph.replay()
 
     def _capture(self, use_top_p: bool) -> Any:
-        """Capture `sync_every` steps as one graph. Warm-up steps first (kernel choices, the compiled
-        sampler); the state they advance is saved and restored, so capturing changes nothing."""
+        """Capture `sync_every` steps as one graph (one memory pool for all of this engine's graphs). Warm-up
+        steps first (kernel choices, compilation); the state they advance is saved and restored."""
         import torch
 
         saved = self._snapshot()
@@ -232,35 +347,44 @@ class StaticEngine:
         with torch.inference_mode(), torch.cuda.stream(stream):
             for _ in range(2):
                 self.column.zero_()
-                self._step(use_top_p)
+                self._step_fn(use_top_p)
         torch.cuda.current_stream().wait_stream(stream)
+        self._restore(saved)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
-        with torch.inference_mode(), torch.cuda.graph(graph):
+        with torch.inference_mode(), torch.cuda.graph(graph, pool=self._pool):
             for _ in range(self.sync_every):
-                self._step(use_top_p)
+                self._step_fn(use_top_p)
         self._restore(saved)
         return graph
 
+    def _tensors(self) -> dict[str, Any]:
+        return {**self.state, "gen_pos": self.cache.gen_pos, "column": self.column}
+
     def _snapshot(self) -> dict[str, Any]:
-        tensors = {**self.state, "valid": self.valid, "cursor": self.cache.cursor, "column": self.column}
-        return {k: v.clone() for k, v in tensors.items()}
+        return {k: v.clone() for k, v in self._tensors().items()}
 
     def _restore(self, saved: dict[str, Any]) -> None:
+        tensors = self._tensors()
         for k, v in saved.items():
-            {**self.state, "valid": self.valid, "cursor": self.cache.cursor, "column": self.column}[k].copy_(v)
+            tensors[k].copy_(v)
 
-    # -- admitting rows ---------------------------------------------------------------------------------
-    def _admit(self, rows: list[RowRequest], indices: list[int], slots: list[int], results: list[RowResult]):
-        """Prefill `rows` (left-padded, one forward) into free `slots`; their first tokens are sampled here."""
+    # -- admitting groups -------------------------------------------------------------------------------
+    def _prefill(self, rows: list[RowRequest], groups: list[list[int]], slots: list[int]) -> tuple[Any, Any]:
+        """One forward over the groups' prompts (left-padded), their keys/values copied into the slots' prompt
+        blocks; each row's first token is sampled from its group's last logits. Returns (token, logprob) of
+        the rows in slot order (group slot, then position in the group)."""
         import torch
 
-        width = max(len(r.prompt_ids) for r in rows)
-        n, dev = len(rows), self.device
+        prompts = [rows[g[0]].prompt_ids for g in groups]
+        width = max(len(p) for p in prompts)
+        n, dev = len(prompts), self.device
         ids = torch.full((n, width), self.pad_id, dtype=torch.long)
         real = torch.zeros((n, width), dtype=torch.bool)
-        for i, r in enumerate(rows):
-            ids[i, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-            real[i, width - len(r.prompt_ids) :] = True
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :] = torch.tensor(p)
+            real[i, width - len(p) :] = True
         ids, real = ids.to(dev), real.to(dev)
         positions = (real.long().cumsum(-1) - 1).clamp(min=0)
         causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
@@ -270,55 +394,63 @@ class StaticEngine:
             input_ids=ids, position_ids=positions, attention_mask=mask[:, None], use_cache=True, logits_to_keep=1,
             **{self.cache_kw: capture},
         )  # fmt: skip
-        self._write_prompts(rows, slots, capture, width)
-        self._set_rows(rows, slots, indices)
-        s, slot_t = self.state, torch.tensor(slots, device=dev)
+        self._write_prompts(prompts, slots, capture, width)
+        row_slots = self._set_rows(rows, groups, slots)
+        group_of = torch.tensor([i for i, g in enumerate(groups) for _ in g], device=dev)
+        s, slot_t = self.state, torch.tensor(row_slots, device=dev)
+        logits = out.logits[:, -1, :].float()[group_of]
         token, logp = self._sampler(
-            out.logits[:, -1, :].float(), s["inv_temp"][slot_t], s["greedy"][slot_t], s["top_p"][slot_t],
+            logits, s["inv_temp"][slot_t], s["greedy"][slot_t], s["top_p"][slot_t],
             s["seed"][slot_t], s["generated"][slot_t] - 1, bool((s["top_p"][slot_t] < 1).any()),
         )  # fmt: skip
+        s["token"][slot_t] = token
         return token, logp
 
-    def _write_prompts(self, rows: list[RowRequest], slots: list[int], capture: _Capture, width: int) -> None:
-        """Copy each prompt's keys/values into its slot at the ring entries just before the cursor."""
+    def _write_prompts(self, prompts: list[list[int]], slots: list[int], capture: _Capture, width: int) -> None:
+        """Copy each prompt's keys/values (left-padded in the prefill) to the start of its slot's prompt block."""
         import torch
 
-        dev, cursor = self.device, int(self.cache.cursor)
-        lengths = torch.tensor([len(r.prompt_ids) for r in rows])
-        row_of = torch.arange(len(rows)).repeat_interleave(lengths)
+        dev = self.device
+        lengths = torch.tensor([len(p) for p in prompts])
+        which = torch.arange(len(prompts)).repeat_interleave(lengths)
         offset = torch.cat([torch.arange(n) for n in lengths.tolist()])
-        col = (width - lengths)[row_of] + offset  # where the token sits in the padded prefill
-        ring = (cursor - lengths[row_of] + offset) % self.length
-        slot = torch.tensor(slots)[row_of]
-        row_of, col, ring, slot = (t.to(dev) for t in (row_of, col, ring, slot))
+        col = (width - lengths)[which] + offset  # where the token sits in the padded prefill
+        slot = torch.tensor(slots)[which]
+        which, col, slot, offset = (t.to(dev) for t in (which, col, slot, offset))
         for layer, (k, v) in capture.kv.items():
-            self.cache.keys[layer][slot, :, ring, :] = k[row_of, :, col, :]
-            self.cache.values[layer][slot, :, ring, :] = v[row_of, :, col, :]
-        slot_t = torch.tensor(slots, device=dev)
-        self.valid[slot_t] = False
-        self.valid[slot, ring] = True
+            self.cache.prompt_k[layer][slot, :, offset, :] = k[which, :, col, :]
+            self.cache.prompt_v[layer][slot, :, offset, :] = v[which, :, col, :]
+        self.cache.prompt_len[torch.tensor(slots, device=dev)] = lengths.to(dev)
 
-    def _set_rows(self, rows: list[RowRequest], slots: list[int], indices: list[int]) -> None:
+    def _set_rows(self, rows: list[RowRequest], groups: list[list[int]], slots: list[int]) -> list[int]:
+        """Per-row state of the admitted groups (the group slot's unused rows stay inactive); returns the row
+        slots of the admitted rows."""
         import torch
 
-        s, dev = self.state, self.device
-        slot_t = torch.tensor(slots, device=dev)
+        s, dev, w = self.state, self.device, self.shape.width
+        row_slots = [slot * w + j for g, slot in zip(groups, slots, strict=True) for j in range(len(g))]
+        all_slots = torch.tensor([slot * w + j for slot in slots for j in range(w)], device=dev)
+        s["active"][all_slots] = False
+        self.cache.gen_pos[all_slots] = 0
+        picked = [rows[i] for g in groups for i in g]
+        slot_t = torch.tensor(row_slots, device=dev)
         values = {
-            "pos": [len(r.prompt_ids) for r in rows],
-            "max_new": [r.max_new_tokens for r in rows],
-            "inv_temp": [1.0 / r.temperature if r.temperature > 0 else 1.0 for r in rows],
-            "greedy": [r.temperature <= 0 for r in rows],
-            "top_p": [r.top_p for r in rows],
-            "seed": [(r.seed ^ (r.seed >> 32)) & _MASK32 for r in rows],
-            "generated": [1] * len(rows),  # the prefill samples token 0 (counter 0); decode steps count on
-            "active": [True] * len(rows),
+            "pos": [len(r.prompt_ids) for r in picked],
+            "max_new": [r.max_new_tokens for r in picked],
+            "inv_temp": [1.0 / r.temperature if r.temperature > 0 else 1.0 for r in picked],
+            "greedy": [r.temperature <= 0 for r in picked],
+            "top_p": [r.top_p for r in picked],
+            "seed": [(r.seed ^ (r.seed >> 32)) & _MASK32 for r in picked],
+            "generated": [1] * len(picked),  # the prefill samples token 0 (counter 0); decode steps count on
+            "active": [True] * len(picked),
         }
         for name, vals in values.items():
             s[name][slot_t] = torch.tensor(vals, dtype=s[name].dtype, device=dev)
+        return row_slots
 
     # -- the call -----------------------------------------------------------------------------------------
     def run(self, rows: list[RowRequest]) -> list[RowResult]:
-        """Sample every row (queued when there are more rows than slots); results in row order."""
+        """Sample every row (groups queue when there are more than group slots); results in row order."""
         import contextlib
 
         import torch
@@ -329,95 +461,118 @@ class StaticEngine:
         with on_device:
             return self._run(rows)
 
+    def _check(self, rows: list[RowRequest]) -> None:
+        shape = self.shape
+        for r in rows:
+            if len(r.prompt_ids) > shape.prompt_len or r.max_new_tokens > shape.gen_len:
+                raise ValueError(
+                    f"row of {len(r.prompt_ids)} prompt + {r.max_new_tokens} new tokens exceeds the engine's "
+                    f"blocks ({shape.prompt_len} + {shape.gen_len}): build the engine with engine_shape(rows)"
+                )
+
     def _run(self, rows: list[RowRequest]) -> list[RowResult]:
         import torch
 
+        self._check(rows)
         results = [RowResult([], []) for _ in rows]
-        slots = [_Slot() for _ in range(self.slots)]
-        queue = list(range(len(rows)))
+        queue = group_rows(rows, self.shape.width)
+        slots: list[list[_Row] | None] = [None] * self.shape.groups
         use_top_p = any(r.top_p < 1 and r.temperature > 0 for r in rows)
         self.state["active"].zero_()
-        while queue or any(sl.row >= 0 for sl in slots):
+        while queue or any(g is not None for g in slots):
             self._fill(rows, queue, slots, results)
-            if not any(sl.row >= 0 for sl in slots):
+            if not any(g is not None for g in slots):
                 continue
+            longest = max(len(r.tokens) for g in slots if g is not None for r in g if not r.done)
+            bucket = min(gen_bucket(longest + self.sync_every), self.shape.gen_len)
             with torch.inference_mode():
-                self._run_steps(use_top_p)
+                self._run_steps(use_top_p, bucket)
             tokens, logps, alive = (t.cpu() for t in (self.out_token, self.out_logp, self.out_alive))  # one sync
             self._collect(rows, slots, results, tokens.tolist(), logps.tolist(), alive.tolist())
         return results
 
-    def _fill(self, rows: list[RowRequest], queue: list[int], slots: list[_Slot], results: list[RowResult]) -> None:
-        free = [i for i, sl in enumerate(slots) if sl.row < 0]
+    def _fill(self, rows: list[RowRequest], queue: list[list[int]], slots: list[list[_Row] | None], results) -> None:
+        free = [i for i, g in enumerate(slots) if g is None]
         take = queue[: len(free)]
         if not take:
             return
         del queue[: len(take)]
         import torch
 
-        token_l, logp_l = [], []
+        token_l: list[int] = []
+        logp_l: list[float] = []
+        sizes = [len(rows[g[0]].prompt_ids) for g in take]
         with torch.inference_mode():
-            for lo, hi in _chunks([len(rows[i].prompt_ids) for i in take], PREFILL_TOKENS):
-                token, logp = self._admit([rows[i] for i in take[lo:hi]], take[lo:hi], free[lo:hi], results)
-                self.state["token"][torch.tensor(free[lo:hi], device=self.device)] = token
+            for lo, hi in _chunks(sizes, PREFILL_TOKENS):
+                token, logp = self._prefill(rows, take[lo:hi], free[lo:hi])
                 token_l += token.tolist()
                 logp_l += logp.tolist()
-        for j, (i, slot) in enumerate(zip(take, free, strict=False)):
-            slots[slot].row, slots[slot].tokens, slots[slot].logprobs = i, [token_l[j]], [logp_l[j]]
-            self._maybe_finish(rows, slots, slot, results, new_from=0)
+        k = 0
+        for group, slot in zip(take, free, strict=False):
+            members = []
+            for j, i in enumerate(group):
+                member = _Row(i, [token_l[k]], [logp_l[k]])
+                k += 1
+                members.append(member)
+                self._maybe_finish(rows, member, slot * self.shape.width + j, results, new_from=0)
+            slots[slot] = None if all(m.done for m in members) else members  # finished at the first token
 
-    def _collect(self, rows, slots, results, tokens, logps, alive) -> None:
-        for index, slot in enumerate(slots):
-            if slot.row < 0:
+    def _collect(self, rows, slots: list[list[_Row] | None], results, tokens, logps, alive) -> None:
+        w = self.shape.width
+        for slot, group in enumerate(slots):
+            if group is None:
                 continue
-            start = len(slot.tokens)
-            for t, lp, a in zip(tokens[index], logps[index], alive[index], strict=True):
-                if a:
-                    slot.tokens.append(t)
-                    slot.logprobs.append(lp)
-            self._maybe_finish(rows, slots, index, results, new_from=start)
+            for j, member in enumerate(group):
+                if member.done:
+                    continue
+                start = len(member.tokens)
+                for t, lp, a in zip(tokens[slot * w + j], logps[slot * w + j], alive[slot * w + j], strict=True):
+                    if a:
+                        member.tokens.append(t)
+                        member.logprobs.append(lp)
+                self._maybe_finish(rows, member, slot * w + j, results, new_from=start)
+            if all(m.done for m in group):
+                slots[slot] = None
 
-    def _maybe_finish(self, rows, slots, index: int, results, new_from: int) -> None:
-        """Finish the slot's row if it hit EOS, its budget or a stop string (then cut there); free the slot."""
+    def _maybe_finish(self, rows, member: _Row, row_slot: int, results, new_from: int) -> None:
+        """Finish the row if it hit EOS, its budget or a stop string (then cut there); deactivate its slot."""
         import torch
 
-        slot = slots[index]
-        row, eos = rows[slot.row], set(self.eos)
+        row, eos = rows[member.index], set(self.eos)
         reason = None
-        for j in range(new_from, len(slot.tokens)):
-            if slot.tokens[j] in eos:
-                reason, slot.tokens, slot.logprobs = "stop", slot.tokens[: j + 1], slot.logprobs[: j + 1]
+        for j in range(new_from, len(member.tokens)):
+            if member.tokens[j] in eos:
+                reason, member.tokens, member.logprobs = "stop", member.tokens[: j + 1], member.logprobs[: j + 1]
                 break
-        cut = stop_cut(self.tokenizer, row, slot.tokens, new_from) if row.stop else None
+        cut = stop_cut(self.tokenizer, row, member.tokens, new_from) if row.stop else None
         if cut is not None:
-            reason, slot.tokens, slot.logprobs = "stop", slot.tokens[: cut[0]], slot.logprobs[: cut[0]]
-        if reason is None and len(slot.tokens) >= row.max_new_tokens:
-            reason, slot.tokens, slot.logprobs = (
-                "length",
-                slot.tokens[: row.max_new_tokens],
-                slot.logprobs[: row.max_new_tokens],
-            )
+            reason, member.tokens, member.logprobs = "stop", member.tokens[: cut[0]], member.logprobs[: cut[0]]
+        if reason is None and len(member.tokens) >= row.max_new_tokens:
+            n = row.max_new_tokens
+            reason, member.tokens, member.logprobs = "length", member.tokens[:n], member.logprobs[:n]
         if reason is None:
             return
-        result = results[slot.row]
-        result.token_ids, result.logprobs, result.finish_reason = slot.tokens, slot.logprobs, reason
+        result = results[member.index]
+        result.token_ids, result.logprobs, result.finish_reason = member.tokens, member.logprobs, reason
         if cut is not None:
             result.text = cut[1]
         else:
-            body = slot.tokens[:-1] if slot.tokens and slot.tokens[-1] in eos else slot.tokens
+            body = member.tokens[:-1] if member.tokens and member.tokens[-1] in eos else member.tokens
             result.text = self.tokenizer.decode(body, skip_special_tokens=True)
-        self.state["active"][torch.tensor([index], device=self.device)] = False
-        slots[index] = _Slot()
+        self.state["active"][torch.tensor([row_slot], device=self.device)] = False
+        member.done = True
 
 
-def _compiled_sampler(device: Any) -> Any:
-    """`sample_step`, fused by torch.compile on CUDA (the hash, the scaling and the argmax read the logits
-    once); eager elsewhere."""
-    if device.type != "cuda":
-        return sample_step
+def _compiled(fn: Any) -> Any:
+    """`fn` compiled by torch.compile (CUDA: inductor fuses the elementwise work between matrix products). Each
+    engine shape and generation bucket is one static graph: the recompile limit is raised to hold them."""
     import torch
 
-    return torch.compile(sample_step, dynamic=True)
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name) and getattr(config, name) < 64:
+            setattr(config, name, 64)
+    return torch.compile(fn, dynamic=False)
 
 
 def _chunks(lengths: list[int], budget: int) -> list[tuple[int, int]]:

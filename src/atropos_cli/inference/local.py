@@ -3,7 +3,7 @@
 Flow: `chat(messages, params)` renders the chat template and tokenizes (or `complete(prompt)` takes text or
 ids) -> a `_Job` goes to the `RequestBatcher` (`inference/batching.py`), which merges concurrent jobs into
 one batch -> `_run_jobs` expands each job into `n` rows and samples them: on CUDA with the static engine
-(`inference/engine.py`: ring KV cache, CUDA-graph decode step, sampling on the GPU, continuous batching), on
+(`inference/engine.py`: prefix-shared block KV cache, CUDA-graph decode steps, continuous batching), on
 CPU (and for top-logprobs requests) with `sample_rows` (`inference/sampler.py`: a loop over the model's
 forward with a growing KV cache) -> `Generation` with prompt token ids, completion token ids and one logprob
 per completion token.
@@ -29,7 +29,7 @@ from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadRequestError, ConfigError, ModelLoadError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.inference.batching import RequestBatcher
-from atropos_cli.inference.engine import StaticEngine, ring_length
+from atropos_cli.inference.engine import EngineShape, StaticEngine, engine_shape, supports
 from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
 from atropos_cli.resources import resolve_model_path, shipped_models
 
@@ -166,7 +166,7 @@ class LocalBackend:
         self._state = load_model(config.model_name, config.device, config.dtype)
         self.device = str(self._state.model.device)
         set_cpu_threads(self._state.model, num_threads)
-        self._static: tuple[tuple[int, int, int], StaticEngine] | None = None
+        self._static: tuple[tuple[int, EngineShape], StaticEngine] | None = None
         self.generate_s = 0.0  # seconds spent sampling (the one-command loop's generation share)
         self._batcher: RequestBatcher[_Job, list[RowResult]] = RequestBatcher(
             self._run_jobs, lambda job: job.params.n, max_batch_size=max_batch_size, max_wait_s=max_wait_s
@@ -299,19 +299,19 @@ class LocalBackend:
     def _sample(self, rows: list[RowRequest]) -> list[RowResult]:
         """The rows sampled by this backend's engine (the static engine on CUDA, `sample_rows` elsewhere)."""
         state = self._state  # read once: a reload during this batch takes effect at the next one
-        if state.model.device.type == "cuda" and not any(r.top_logprobs for r in rows):
+        fast = state.model.device.type == "cuda" and supports(state.model)
+        if fast and not any(r.top_logprobs for r in rows):
             return self._engine(state, rows).run(rows)
         return sample_rows(state.model, state.tokenizer, rows)
 
     def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
-        """The static engine for this batch: slots = the batch size rounded up to a power of two (at most
-        `max_batch_size`; more rows queue for free slots), ring length from the longest row. One is kept: a
-        new shape (or new weights object) builds a new one, whose CUDA graph is captured on first use."""
-        slots = min(self._batcher.max_batch_size, 1 << max(3, (len(rows) - 1).bit_length()))
-        key = (id(state.model), slots, ring_length(rows))
+        """The static engine for this batch (`engine_shape`: group width, group slots for the batch rounded up
+        to a power of two rows, at most `max_batch_size`, block lengths). One is kept: a new shape (or new
+        weights object) builds a new one, whose CUDA graphs are captured on first use."""
+        key = (id(state.model), engine_shape(rows, self._batcher.max_batch_size))
         if self._static is None or self._static[0] != key:
-            self._static = None  # free the old ring cache and graph before allocating the new ones
-            self._static = (key, StaticEngine(state.model, state.tokenizer, slots, key[2]))
+            self._static = None  # free the old cache and graphs before allocating the new ones
+            self._static = (key, StaticEngine(state.model, state.tokenizer, key[1]))
         return self._static[1]
 
     # -- weights ---------------------------------------------------------------------------------------
