@@ -115,8 +115,10 @@ def check_contract(model, device: str, vocab: int) -> list[str]:
     rows += [RowRequest(**{**vars(r), "seed": 100 + i}) for i, r in enumerate(rows[:2] * 3)]  # groups of 4
     shape = engine_shape(rows, 8)
     a = StaticEngine(model, IdTokenizer(), shape, sync_every=5).run(rows)  # groups queue for 2 group slots
-    b = StaticEngine(model, IdTokenizer(), EngineShape(1, 16, shape.prompt_len, shape.gen_len)).run(rows)
-    alone = StaticEngine(model, IdTokenizer(), engine_shape(rows[3:4], 8)).run(rows[3:4])
+    # the comparisons run eagerly (each new shape would compile the step again: a minute each on the GPU)
+    b = StaticEngine(model, IdTokenizer(), EngineShape(1, 16, shape.prompt_len, shape.gen_len), compile_step=False)
+    b_out = b.run(rows)
+    alone = StaticEngine(model, IdTokenizer(), engine_shape(rows[3:4], 8), compile_step=False).run(rows[3:4])
     worst = 0.0
     for p, r in zip([r.prompt_ids for r in rows], a, strict=True):
         with torch.inference_mode():
@@ -125,7 +127,7 @@ def check_contract(model, device: str, vocab: int) -> list[str]:
             1, torch.tensor(r.token_ids, device=device)[:, None]
         )
         worst = max(worst, float((ref[:, 0].cpu() - torch.tensor(r.logprobs)).abs().max()))
-    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b, strict=True))
+    same = sum(x.token_ids == y.token_ids for x, y in zip(a, b_out, strict=True))
     return [
         f"- logprobs vs a forward pass of prompt + completion: max |diff| {worst:.3g}",
         f"- seeded rows, groups of 4 sharing a prompt block (queued) vs a block per row: {same}/{len(rows)} identical",
@@ -183,7 +185,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--old-loop-batches", default="64", help="batch sizes that also time sample_rows (slow)")
     parser.add_argument(
-        "--variants", default="8:1,1:1,8:0", help="rows of GROUP:COMPILE (rollouts a prompt; 1 = compiled step)"
+        "--variants",
+        default="8:1,1:1,8:0",
+        help="rows of GROUP:COMPILE[:FUSED] (rollouts a prompt; 1 = compiled step; 1 = fused attention kernels)",
     )
     parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
@@ -210,19 +214,23 @@ def main() -> None:
         lines.append("vLLM: not installed on this machine (no row).")
     lines += check_contract(model, args.device, vocab)
     print("\n".join(lines), flush=True)
-    variants = [v.split(":") for v in args.variants.split(",")]  # group:compile
+    import atropos_cli.inference.engine as engine_module
+
+    variants = [(v.split(":") + ["a"])[:3] for v in args.variants.split(",")]  # group:compile[:fused]
     lines += [
         "",
-        "| batch | rollouts a prompt | ours tok/s | step compiled | ours first call s | transformers generate tok/s "
-        "| ours / generate | ours, loop tok/s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| batch | rollouts a prompt | ours tok/s | step compiled | attention | ours first call s "
+        "| transformers generate tok/s | ours / generate | ours, loop tok/s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for batch in (int(b) for b in args.batches.split(",")):
         gen = torch.Generator().manual_seed(batch)
         prompts = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).tolist()
         hf_by_group: dict[int, float] = {}
-        for group_s, comp in variants:
+        for group_s, comp, fused in variants:
             group, compiled = int(group_s), comp == "1"
+            engine_module.FUSED_ATTENTION = None if fused == "a" else fused == "1"
+            kernel = {"1": "fused", "0": "plain", "a": "default"}[fused]
             tps, first, _ = ours(model, prompts, args.new_tokens, args.device, group, compiled)
             if not hf_by_group and not args.no_generate:  # generate shares nothing: one row count, one time
                 hf_by_group[0] = hf_generate(model, prompts, args.new_tokens, args.device, group)
@@ -232,7 +240,7 @@ def main() -> None:
                 old = ours_loop(model, prompts, args.new_tokens, args.device)
             cells = [f"{hf:,.0f}" if hf else "-", f"{tps / hf:.1f}x" if hf else "-", f"{old:,.0f}" if old else "-"]
             lines.append(
-                f"| {batch} | {group} | {tps:,.0f} | {'yes' if compiled else 'no'} | {first:.1f} | "
+                f"| {batch} | {group} | {tps:,.0f} | {'yes' if compiled else 'no'} | {kernel} | {first:.1f} | "
                 + " | ".join(cells)
                 + " |"
             )

@@ -105,12 +105,36 @@ def supports(model: Any) -> bool:
     return attn is not None and hasattr(attn, "layer_idx")
 
 
+FUSED_ATTENTION: bool | None = None  # None: the fused kernels on CUDA, the plain one elsewhere
+
+
+def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool) -> tuple[Any, Any]:
+    """Attention of q [B, H, Lq, D] over the entries of k/v [B, H, Lk, D] that `mask` [B, Lk] allows: (output in
+    fp32 [B, H, Lq, D], log-sum-exp of the scaled scores [B, H, Lq]). Fused: torch's memory-efficient kernel
+    with an additive bias [B, 1, 1, Lk] (0 or -inf), which returns its log-sum-exp."""
+    import torch
+
+    if fused:
+        b, h, lq, _ = q.shape
+        full = bias.expand(b, h, lq, bias.shape[-1])
+        out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
+            q.contiguous(), k, v, full, True, 0.0, False, scale=scale
+        )[:2]
+        return out.float(), lse[:, :, :lq]
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+    lse = torch.logsumexp(scores, -1)
+    probs = torch.exp(scores - lse[..., None])
+    return torch.matmul(probs.to(q.dtype), v).float(), lse
+
+
 def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling=None, **kw: Any):
     """Decode attention over a group's shared prompt block plus each row's own generation block.
 
-    query [S, Hq, 1, D] (S = groups x width rows); the blocks come from `atropos_kv` (a `GroupCache`). Scores
-    against both blocks share one fp32 softmax (max and sum over both), then the two value products are added:
-    exactly softmax attention over prompt + generated tokens. Anything else (prefill) goes to SDPA."""
+    query [S, Hq, 1, D] (S = groups x width rows); the blocks come from `atropos_kv` (a `GroupCache`). The group's
+    n rows x (query heads per KV head) attend to the shared prompt block as one batch of query rows, each row to
+    its own generation block; the two parts are merged by their log-sum-exps: exactly softmax attention over
+    prompt + generated tokens. Anything else (prefill) goes to SDPA."""
     import torch
 
     kv = kw.pop("atropos_kv", None)
@@ -123,30 +147,22 @@ def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     hk, n = kv.heads, kv.width
     g, r = s // n, hq // hk
     scale = scaling if scaling is not None else d**-0.5
+    fused = query.is_cuda if FUSED_ATTENTION is None else FUSED_ATTENTION
     q = query.reshape(s, hk, r, d)
     qg = q.reshape(g, n, hk, r, d).permute(0, 2, 1, 3, 4).reshape(g, hk, n * r, d)
     bucket = kv.bucket
     gen_k, gen_v = kv.gen_k[layer][:, :, :bucket], kv.gen_v[layer][:, :, :bucket]
-    s1 = torch.matmul(qg, kv.prompt_k[layer].transpose(-1, -2)).float() * scale  # [G, hk, n*r, Lp]
-    s1 = s1.masked_fill(~kv.prompt_mask[:, None, None, :], float("-inf"))
-    s2 = torch.matmul(q, gen_k.transpose(-1, -2)).float() * scale  # [S, hk, r, B]
-    s2 = s2.masked_fill(~kv.gen_mask[:, None, None, :], float("-inf"))
+    o1, lse1 = _partial(qg, kv.prompt_k[layer], kv.prompt_v[layer], kv.prompt_mask, kv.prompt_bias, scale, fused)
+    o2, lse2 = _partial(q, gen_k, gen_v, kv.gen_mask, kv.gen_bias, scale, fused)
 
     def to_rows(t: Any) -> Any:  # [G, hk, n*r, ...] -> [S, hk, r, ...]
         tail = t.shape[3:]
         return t.reshape(g, hk, n, r, *tail).transpose(1, 2).reshape(s, hk, r, *tail)
 
-    def to_groups(t: Any) -> Any:  # [S, hk, r, ...] -> [G, hk, n*r, ...]
-        tail = t.shape[3:]
-        return t.reshape(g, n, hk, r, *tail).transpose(1, 2).reshape(g, hk, n * r, *tail)
-
-    m = torch.maximum(to_rows(s1.amax(-1)), s2.amax(-1))  # [S, hk, r]
-    e1 = torch.exp(s1 - to_groups(m)[..., None])
-    e2 = torch.exp(s2 - m[..., None])
-    denom = to_rows(e1.sum(-1)) + e2.sum(-1)
-    o1 = to_rows(torch.matmul(e1.to(query.dtype), kv.prompt_v[layer]))
-    o2 = torch.matmul(e2.to(query.dtype), gen_v)
-    out = (o1.float() + o2.float()) / denom[..., None]
+    lse1 = to_rows(lse1)
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
+    out = (to_rows(o1) * w1 + o2 * w2) / (w1 + w2)
     return out.reshape(s, 1, hq, d).to(query.dtype), None
 
 
@@ -178,16 +194,20 @@ class GroupCache:
         self.rows = torch.arange(shape.slots, device=device)
         self.prompt_pos = torch.arange(shape.prompt_len, device=device)
         self.gen_pos_range = torch.arange(shape.gen_len, device=device)
-        self.prompt_len = torch.zeros(shape.groups, dtype=torch.long, device=device)
+        # a free group slot keeps one (finite) entry: no all-masked row, no NaN in any kernel
+        self.prompt_len = torch.ones(shape.groups, dtype=torch.long, device=device)
+        self.dtype = dtype
         self.gen_pos = torch.zeros(shape.slots, dtype=torch.long, device=device)
         self.bucket = shape.gen_len  # a host int: the generation entries a step reads (one graph per value)
-        self.prompt_mask = self.prompt_pos[None, :] < self.prompt_len[:, None]
-        self.gen_mask = self.gen_pos_range[None, :] <= self.gen_pos[:, None]
+        self.refresh_masks()
 
     def refresh_masks(self) -> None:
         """Masks of this step (prompt entries of each group, a row's generated entries up to its new one)."""
+
         self.prompt_mask = self.prompt_pos[None, :] < self.prompt_len[:, None]
         self.gen_mask = self.gen_pos_range[None, : self.bucket] <= self.gen_pos[:, None]
+        self.prompt_bias = _bias(self.prompt_mask, self.dtype)
+        self.gen_bias = _bias(self.gen_mask, self.dtype)
 
     def update(self, key: Any, value: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         self.gen_k[layer_idx][self.rows, :, self.gen_pos] = key[:, :, 0]
@@ -196,6 +216,13 @@ class GroupCache:
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
+
+
+def _bias(mask: Any, dtype: Any) -> Any:
+    """An additive attention bias [B, 1, 1, L] from a mask [B, L]: 0 where allowed, -inf elsewhere."""
+    import torch
+
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))[:, None, None]
 
 
 class _Capture:
