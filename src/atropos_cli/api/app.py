@@ -31,7 +31,7 @@ from atropos_cli.api.service import (
     Registration,
 )
 from atropos_cli.api.wire import WireError
-from atropos_cli.httpguard import BearerAuth, BrowserGuard
+from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 
 __all__ = ["create_app"]
 
@@ -135,7 +135,8 @@ def create_app(
         app.add_middleware(
             BearerAuth, api_key=settings.api_key, render=_error, hint=hint, on_reject=service.metrics.on_reject
         )
-    app.add_middleware(BrowserGuard, render=_error, on_reject=service.metrics.on_reject)  # outermost: runs first
+    hosts = HostPolicy(settings.host, settings.allowed_hosts)
+    app.add_middleware(BrowserGuard, render=_error, on_reject=service.metrics.on_reject, hosts=hosts)  # runs first
     _install_error_handlers(app, service)
     _trainer_routes(app, service)
     _env_routes(app, service)

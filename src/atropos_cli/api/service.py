@@ -36,6 +36,10 @@ class ApiSettings(BaseModel):
     fsync: bool = False
     mix: Literal["fifo", "weighted"] = "fifo"
     prefetch_batches: int = 1
+    host: str = "127.0.0.1"
+    """The address the server is bound to: a `Host` naming it is answered (see `httpguard.HostPolicy`)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Names besides loopback and the bound address that requests may use in `Host` (`*`: any)."""
 
 
 class Registration(BaseModel):
