@@ -208,7 +208,7 @@ def _env_routes(app: FastAPI, service: ApiService) -> None:
     async def scored_data(request: Request) -> dict[str, Any]:
         data = await _json_body(request, settings)
         service.check_accepting(1)
-        return (await service.ingest([wire.to_ingest_item(data)]))[0]
+        return (await service.ingest([wire.to_ingest_item(data, vocab_size=service.vocab_size())]))[0]
 
     @_route(app, "POST", "/scored_data_list")
     async def scored_data_list(request: Request) -> dict[str, Any]:
@@ -224,7 +224,8 @@ def _env_routes(app: FastAPI, service: ApiService) -> None:
                 hint="post fewer groups per request",
             )
         service.check_accepting(len(data))
-        answers = await service.ingest([wire.to_ingest_item(g, i) for i, g in enumerate(data)])
+        vocab = service.vocab_size()
+        answers = await service.ingest([wire.to_ingest_item(g, i, vocab) for i, g in enumerate(data)])
         result: dict[str, Any] = {"status": "received", "groups_processed": len(answers)}
         buffered = [a for a in answers if a["status"] == "buffered"]
         if buffered:
@@ -268,6 +269,9 @@ def _admin_routes(app: FastAPI, service: ApiService) -> None:
             "durable": service.store.durable,
             "step": service.step,
             "queue_groups": len(service.queue.queue),
+            "buffered_groups": service.queue.buffered_count(),
+            "batched_groups": sum(len(batch[1]) for batch in service.pending),
+            "outstanding_groups": service.outstanding_groups(),
             "trainer_registered": service.registration is not None,
         }
 
