@@ -22,7 +22,7 @@ from atropos_cli.testing.fake_server import FakeInferenceServer, build_app
 from atropos_cli.testing.threaded import ThreadedServer
 
 FOREIGN = "attacker.example"
-FAST = HttpLimits(header_timeout_s=1.0, keep_alive_s=1.0, max_connections=8)
+FAST = HttpLimits(header_timeout_s=1.0, keep_alive_s=1, max_connections=8)
 
 
 @contextmanager
@@ -154,11 +154,17 @@ def test_slow_and_oversized_heads_are_cut_off(tmp_path: Path, h11: bool) -> None
 
             feeder = threading.Thread(target=trickle, daemon=True)
             feeder.start()
+            # an idle keep-alive connection after one complete request
+            kept = socket.create_connection(("127.0.0.1", port))
+            path = url.split(str(port), 1)[1]
+            kept.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
             try:
+                assert _closed_within(kept, 8), f"{name}: an idle keep-alive connection stayed open"
                 assert _closed_within(idle, 8), f"{name}: a half-open connection stayed open"
                 assert _closed_within(slow, 8), f"{name}: a slowloris head stayed open"
             finally:
                 stop.set()
+                kept.close()
                 idle.close()
                 slow.close()
             huge = _raw(url, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-big: " + b"a" * 1_000_000 + b"\r\n\r\n")
@@ -194,3 +200,62 @@ def test_h11_is_the_fallback_parser() -> None:
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     assert not issubclass(protocol_class(FAST), H11Protocol)  # httptools is installed (the api extra)
+
+
+FAKE_VLLM = """
+import argparse, importlib
+import uvicorn
+from fastapi import FastAPI
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--host")
+parser.add_argument("--port", type=int)
+parser.add_argument("--middleware", action="append", default=[])
+known, _ = parser.parse_known_args()
+app = FastAPI()
+loaded = []
+
+
+@app.get("/health")
+def health():
+    return {"middleware": loaded}
+
+
+@app.post("/collective_rpc")
+def collective_rpc():
+    return {"reloaded": True}
+
+
+for path in known.middleware:  # what vLLM's api_server does with --middleware
+    module, name = path.rsplit(".", 1)
+    imported = importlib.import_module(module)
+    loaded.append(imported.__file__)
+    app.add_middleware(getattr(imported, name))
+uvicorn.run(app, host=known.host, port=known.port, log_level="warning")
+"""
+
+
+def test_the_vllm_server_we_launch_loads_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from atropos_cli.trainer.vllm import VLLMServer
+
+    module = tmp_path / "fakevllm" / "vllm" / "entrypoints" / "openai" / "api_server.py"
+    module.parent.mkdir(parents=True)
+    module.write_text(FAKE_VLLM)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "fakevllm"))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = VLLMServer("atropos-tiny-arith", sys.executable, port, 60, tmp_path / "run")
+    server.start()
+    try:
+        loaded = httpx.get(server.root_url + "/health").json()["middleware"]
+        assert loaded and loaded[0].startswith(str(tmp_path / "run" / ".vllm-guard")), loaded
+        rebound = httpx.post(server.root_url + "/collective_rpc", json={}, headers={"Host": FOREIGN})
+        assert rebound.status_code == 403 and "Host" in rebound.json()["error"]["message"]
+        page = httpx.post(server.root_url + "/collective_rpc", json={}, headers={"Origin": "http://evil.example"})
+        assert page.status_code == 403
+        assert httpx.post(server.root_url + "/collective_rpc", json={}).json() == {"reloaded": True}
+    finally:
+        server.stop()

@@ -16,7 +16,8 @@ the user's browser made: `Sec-Fetch-Site: cross-site` or `same-site` (every curr
 not `Content-Type: application/json` (gzip-encoded JSON included): a page can send `text/plain` without a
 CORS preflight, but not JSON. Programs (Atropos' clients, the `openai` package, httpx, curl with `-H
 'Content-Type: application/json'`) send none of the browser headers and JSON bodies, so they pass.
-`refusal(method, headers, policy)` is the same check for servers that are not ASGI (`view --serve`).
+`refusal(method, headers, policy)` is the same check for servers that are not ASGI (`view --serve`), and
+`LoopbackGuard` the guard of a server we launch but do not build (vLLM's `--middleware`).
 
 `BearerAuth` answers 401 unless `Authorization: Bearer <key>` matches (constant-time compare).
 
@@ -33,7 +34,7 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BrowserGuard", "BearerAuth", "HostPolicy", "Render", "refusal", "is_loopback_name"]
+__all__ = ["BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name"]
 
 Render = Callable[[int, str, str | None], Response]
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -155,6 +156,22 @@ class BrowserGuard:
         if self.on_reject:
             self.on_reject(reason)
         await self.render(status, message, hint)(scope, receive, send)
+
+
+def _openai_error(status: int, message: str, hint: str | None = None) -> Response:
+    from starlette.responses import JSONResponse
+
+    text = message + (f" (hint: {hint})" if hint else "")
+    return JSONResponse({"error": {"message": text, "type": "invalid_request_error", "code": status}}, status)
+
+
+class LoopbackGuard(BrowserGuard):
+    """`BrowserGuard` for a server we launch but do not build, bound to 127.0.0.1: the vLLM server of `atropos
+    train --inference vllm` loads it with `--middleware atropos_cli.httpguard.LoopbackGuard` (vLLM calls
+    `app.add_middleware(cls)` without arguments). Errors in OpenAI's shape; needs only starlette."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app, render=_openai_error)
 
 
 class BearerAuth:

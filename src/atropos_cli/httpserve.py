@@ -10,8 +10,9 @@ else h11):
   line and headers must be complete within `header_timeout_s`, else the connection is closed;
 - `max_header_bytes` (request line + headers) and `max_headers`: past either, 431 and the connection closes;
 - idle keep-alive connections close after `keep_alive_s` (uvicorn's `timeout_keep_alive`);
-- at most `max_connections` open connections: one more is closed at once (never a hang for the ones held),
-  and the soft file-descriptor limit is raised to the hard one so the cap, not EMFILE, is what binds.
+- at most `max_connections` open connections: one more is closed at once (never a hang for the ones held);
+  the soft file-descriptor limit is raised to the hard one, and the cap lowered below it if need be, so the
+  cap, not EMFILE, is what binds.
 
 `uvicorn_config(app, limits, ...)` builds the `uvicorn.Config`; `serve(app, host, port, limits)` runs it in the
 foreground (the CLI). uvicorn is imported inside the functions: `atropos --help` never loads it.
@@ -47,7 +48,7 @@ class HttpLimits(BaseModel):
 
     header_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds a request's line and headers may take to arrive; then the connection is closed."""
-    keep_alive_s: float = Field(default=5.0, gt=0)
+    keep_alive_s: int = Field(default=5, ge=1)
     """Seconds an idle keep-alive connection stays open between requests."""
     max_header_bytes: int = Field(default=65_536, ge=1024)
     """Largest request line + headers (bytes); past it 431."""
@@ -234,12 +235,15 @@ def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "au
     import uvicorn
 
     limits = limits or HttpLimits()
-    _raise_fd_limit(limits.max_connections)
+    soft = _raise_fd_limit(limits.max_connections)
+    if soft != resource.RLIM_INFINITY and limits.max_connections > soft - 64:
+        # the cap must bind before EMFILE does: keep 64 descriptors for the store, the model and the logs
+        limits = limits.model_copy(update={"max_connections": max(8, soft - 64)})
     return uvicorn.Config(
         app,
         http=protocol_class(limits, parser),
         h11_max_incomplete_event_size=limits.max_header_bytes,
-        timeout_keep_alive=max(1, round(limits.keep_alive_s)),
+        timeout_keep_alive=limits.keep_alive_s,
         **kwargs,
     )
 
