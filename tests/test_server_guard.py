@@ -22,7 +22,7 @@ from atropos_cli.testing.fake_server import FakeInferenceServer, build_app
 from atropos_cli.testing.threaded import ThreadedServer
 
 FOREIGN = "attacker.example"
-FAST = HttpLimits(header_timeout_s=1.0, keep_alive_s=1, max_connections=8)
+FAST = HttpLimits(header_timeout_s=1.0, body_timeout_s=1.5, keep_alive_s=1, max_connections=8)
 
 
 @contextmanager
@@ -173,6 +173,33 @@ def test_slow_and_oversized_heads_are_cut_off(tmp_path: Path, h11: bool) -> None
             flood = _raw(url, b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n" + many + b"\r\n")
             assert flood.split(b" ", 2)[1] in (b"400", b"431"), (name, flood[:200])
             assert httpx.get(url).status_code == 200, f"{name} stopped answering"
+
+
+def test_a_slow_body_is_cut_off_but_a_slow_answer_is_not(tmp_path: Path) -> None:
+    fake = FakeInferenceServer(latency_s=2.5)  # the app takes longer than both deadlines to answer
+    with ThreadedServer(build_app(fake), limits=FAST) as server:
+        chat = {"model": "m", "messages": [{"role": "user", "content": "What is 1 + 1?"}]}
+        assert httpx.post(server.url + "/v1/chat/completions", json=chat, timeout=30).status_code == 200
+        slow = socket.create_connection(("127.0.0.1", server.port))
+        slow.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 100000\r\n\r\n{"
+        )
+        stop = threading.Event()
+
+        def trickle() -> None:
+            while not stop.wait(0.3):
+                try:
+                    slow.sendall(b" ")
+                except OSError:
+                    return
+
+        threading.Thread(target=trickle, daemon=True).start()
+        try:
+            assert _closed_within(slow, 8), "a body trickling in stayed open"
+        finally:
+            stop.set()
+            slow.close()
 
 
 def test_the_connection_cap_keeps_real_clients_served(tmp_path: Path) -> None:

@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import httpx
 
-import atropos_cli
+from atropos_cli import httpguard
 from atropos_cli.errors import ConfigError, InferenceError
 from atropos_cli.resources import resolve_model_path
 
@@ -125,7 +125,7 @@ class VLLMServer:
         folder = self.log_path.parent / ".vllm-guard"
         folder.mkdir(parents=True, exist_ok=True)
         link = folder / "atropos_cli"
-        target = Path(atropos_cli.__file__).resolve().parent
+        target = Path(httpguard.__file__).resolve().parent  # the atropos_cli package directory
         if not (link.is_symlink() and link.resolve() == target):
             if link.is_symlink() or link.exists():
                 link.unlink()

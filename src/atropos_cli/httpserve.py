@@ -7,7 +7,8 @@ runs out of file descriptors. `HttpLimits` adds, on uvicorn's own HTTP protocols
 else h11):
 
 - a header deadline: from the moment a connection opens, or a new request's first byte arrives, its request
-  line and headers must be complete within `header_timeout_s`, else the connection is closed;
+  line and headers must be complete within `header_timeout_s`, and then its body within `body_timeout_s`,
+  else the connection is closed (the time the app takes to answer is not limited);
 - `max_header_bytes` (request line + headers) and `max_headers`: past either, 431 and the connection closes;
 - idle keep-alive connections close after `keep_alive_s` (uvicorn's `timeout_keep_alive`);
 - at most `max_connections` open connections: one more is closed at once (never a hang for the ones held);
@@ -38,7 +39,11 @@ __all__ = [
     "HttpLimits", "LIMIT_FLAGS", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
-LIMIT_FLAGS = {"header_timeout_s": "--header-timeout", "keep_alive_s": "--keep-alive"}
+LIMIT_FLAGS = {
+    "header_timeout_s": "--header-timeout",
+    "body_timeout_s": "--body-timeout",
+    "keep_alive_s": "--keep-alive",
+}
 
 
 class HttpLimits(BaseModel):
@@ -48,6 +53,8 @@ class HttpLimits(BaseModel):
 
     header_timeout_s: float = Field(default=10.0, gt=0)
     """Seconds a request's line and headers may take to arrive; then the connection is closed."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a request's body may take to arrive once its headers are in; then the connection is closed."""
     keep_alive_s: int = Field(default=5, ge=1)
     """Seconds an idle keep-alive connection stays open between requests."""
     max_header_bytes: int = Field(default=65_536, ge=1024)
@@ -94,16 +101,19 @@ def _refusal_bytes(message: str) -> bytes:
 
 
 class _Deadline:
-    """The mixin both protocols share: the header deadline and the connection cap."""
+    """The mixin both protocols share: the head and body deadlines and the connection cap."""
 
     limits: HttpLimits
     transport: Any
     loop: Any
     connections: set[Any]
     _timer: asyncio.TimerHandle | None = None
+    _timer_phase: str | None = None
     _refused: str | None = None
 
-    def _awaiting_head(self) -> bool:
+    def _phase(self) -> str | None:
+        """ "head" while a request's line and headers are arriving, "body" while its body is, else None (the
+        app is answering, or the connection is idle between requests: uvicorn's keep-alive timer's job)."""
         raise NotImplementedError
 
     def connection_made(self, transport: Any) -> None:
@@ -111,7 +121,7 @@ class _Deadline:
         if len(self.connections) > self.limits.max_connections:
             transport.close()
             return
-        self._arm()
+        self._sync_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -121,10 +131,7 @@ class _Deadline:
         if self._refused is not None:
             return  # the 431 is on its way and the connection closing: read nothing more
         super().data_received(data)  # type: ignore[misc]
-        if self._awaiting_head() and not self.transport.is_closing():
-            self._arm()
-        else:
-            self._disarm()
+        self._sync_timer()
 
     def send_400_response(self, msg: str) -> None:
         if self._refused is None:
@@ -137,18 +144,25 @@ class _Deadline:
     def _refuse(self, message: str) -> None:
         self._refused = message
 
-    def _arm(self) -> None:
-        if self._timer is None:
-            self._timer = self.loop.call_later(self.limits.header_timeout_s, self._expire)
+    def _sync_timer(self) -> None:
+        """One deadline per phase: started when the phase begins, kept while it lasts, dropped when it ends."""
+        phase = None if self.transport.is_closing() else self._phase()
+        if phase == self._timer_phase:
+            return
+        self._disarm()
+        if phase is not None:
+            seconds = self.limits.header_timeout_s if phase == "head" else self.limits.body_timeout_s
+            self._timer, self._timer_phase = self.loop.call_later(seconds, self._expire), phase
 
     def _disarm(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
-            self._timer = None
+        self._timer = self._timer_phase = None
 
     def _expire(self) -> None:
-        self._timer = None
-        if self._awaiting_head() and not self.transport.is_closing():
+        phase = self._timer_phase
+        self._timer = self._timer_phase = None
+        if phase is not None and self._phase() == phase and not self.transport.is_closing():
             self.transport.close()
 
 
@@ -156,15 +170,15 @@ def _httptools_class(base: type[Any], limits: HttpLimits) -> type[asyncio.Protoc
     import httptools
 
     class Protocol(_Deadline, base):  # type: ignore[misc, valid-type]
-        _in_head = True
+        _reading: str | None = "head"
         _head_bytes = 0
         _head_count = 0
 
-        def _awaiting_head(self) -> bool:
-            return self._in_head
+        def _phase(self) -> str | None:
+            return self._reading
 
         def on_message_begin(self) -> None:
-            self._in_head, self._head_bytes, self._head_count = True, 0, 0
+            self._reading, self._head_bytes, self._head_count = "head", 0, 0
             super().on_message_begin()
 
         def _grow(self, size: int, count: int = 0) -> None:
@@ -186,12 +200,12 @@ def _httptools_class(base: type[Any], limits: HttpLimits) -> type[asyncio.Protoc
             super().on_header(name, value)
 
         def on_headers_complete(self) -> None:
-            self._in_head = False
+            self._reading = "body"
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
+            self._reading = None
             super().on_message_complete()
-            self._in_head = True
 
     Protocol.limits = limits
     return Protocol
@@ -222,8 +236,9 @@ def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
             super().__init__(*args, **kwargs)
             self.conn = _CountingConnection(self.conn, self)  # type: ignore[assignment]
 
-        def _awaiting_head(self) -> bool:
-            return bool(self.conn.their_state is h11.IDLE)
+        def _phase(self) -> str | None:
+            state = self.conn.their_state
+            return "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
 
     Protocol.limits = limits
     return Protocol
