@@ -84,3 +84,24 @@ def test_trainer_state_and_metrics_with_a_stray_byte(tmp_path: Path) -> None:
         raise AssertionError("a non-UTF-8 trainer_state.json was read")
     (tmp_path / "metrics.jsonl").write_bytes(b'{"step": 1}\n{"step": 2, "x": "\xff"}\n{"step": 3}\n')
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 3]
+
+
+def test_serve_keeps_an_unreadable_spill_line(tmp_path: Path, monkeypatch) -> None:
+    import asyncio
+
+    from atropos_cli.runs.serve import ServeOptions, serve_env
+    from test_serve import load, pull_all, running_api, start_trainer
+
+    spill = tmp_path / "spill.jsonl"
+    good = {"tokens": [[7, 8]], "masks": [[-100, 8]], "scores": [1.0]}
+    spill.write_bytes(json.dumps(good).encode() + b"\n" + BAD + json.dumps(good).encode() + b"\n")
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "0")
+    events: list[str] = []
+    with running_api() as url:
+        start_trainer(url, batch_size=2)
+        options = ServeOptions(api_url=url, spill_path=str(spill))
+        stats = asyncio.run(serve_env(load("--env.group_size", "1"), options, on_event=lambda _, m: events.append(m)))
+        assert stats.counts.groups == 2 and pull_all(url) == [7, 7]
+    assert not spill.exists()
+    assert (tmp_path / "spill.unreadable.jsonl").read_bytes() == BAD
+    assert any("1 unreadable lines of the spill file" in e for e in events), events
