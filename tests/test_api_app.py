@@ -30,7 +30,7 @@ def group(size: int = 2, seed: int = 1, **extra: Any) -> dict[str, Any]:
 
 
 def make_client(**settings: Any) -> TestClient:
-    return TestClient(create_app(ApiSettings(**settings)))
+    return TestClient(create_app(ApiSettings(**settings)), base_url="http://127.0.0.1")
 
 
 @pytest.fixture

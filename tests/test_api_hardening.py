@@ -29,7 +29,7 @@ def group(size: int, seed: int = 1, **extra: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def client():
-    with TestClient(create_app(ApiSettings())) as c:
+    with TestClient(create_app(ApiSettings()), base_url="http://127.0.0.1") as c:
         assert c.post("/register", json=REG).status_code == 200
         yield c
 
@@ -86,7 +86,7 @@ def test_a_poisoned_env_stored_by_an_older_version_is_neutralised_on_restart(tmp
     store.set_kv("started", True)
     store.put_env(0, {**ENV, "min_batch_allocation": 1e308, "real_name": "e_0", "connected": True})
     store.close()
-    with TestClient(create_app(ApiSettings(state_dir=str(tmp_path)))) as c:
+    with TestClient(create_app(ApiSettings(state_dir=str(tmp_path))), base_url="http://127.0.0.1") as c:
         assert "restored as disconnected" in c.app.state.service.restore_notes[0]
         assert c.post("/scored_data", json=group(8)).status_code == 200
         assert c.post("/scored_data", json=group(8, seed=2)).status_code == 200
@@ -97,7 +97,7 @@ def test_a_poisoned_env_stored_by_an_older_version_is_neutralised_on_restart(tmp
 
 @pytest.mark.parametrize("batch_size", [0, -4])
 def test_register_rejects_a_batch_size_below_one(batch_size: int) -> None:
-    with TestClient(create_app(ApiSettings())) as c:
+    with TestClient(create_app(ApiSettings()), base_url="http://127.0.0.1") as c:
         resp = c.post("/register", json={**REG, "batch_size": batch_size})
         assert resp.status_code == 422 and "batch_size" in resp.json()["message"]
         assert c.get("/info").json()["batch_size"] == -1

@@ -32,6 +32,7 @@ LAYERS = [
         "atropos_cli.retry",
         "atropos_cli.templates",
         "atropos_cli.httpguard",
+        "atropos_cli.httpserve",
         "atropos_cli.quiet",
     },
     {"atropos_cli.inference"},

@@ -17,6 +17,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from atropos_cli.config import read_saved
+
 from .lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
 
 __all__ = [
@@ -94,7 +96,9 @@ def latest_checkpoint(out: Path) -> Path | None:
 
 def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     path = checkpoint / "trainer_state.json"
-    return json.loads(path.read_text()) if path.is_file() else {"step": int(checkpoint.name.split("-")[-1])}
+    if not path.is_file():
+        return {"step": int(checkpoint.name.split("-")[-1])}
+    return dict(read_saved(path, "resume from another checkpoint (delete this one) or train into a new --out"))
 
 
 def load_optimizer_state(checkpoint: Path, optimizer: Any) -> bool:

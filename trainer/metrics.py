@@ -73,12 +73,20 @@ def _start_tensorboard(out: Path) -> Any:
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The rows of metrics.jsonl for the reward plot; a line that is not a JSON object (a torn write, a stray
+    byte) is not plotted (the file keeps it)."""
     if path.is_dir():
         path = path / METRICS_FILE
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if line.strip():
-            rows.append(json.loads(line))
+    for line in path.read_bytes().splitlines():
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:  # JSONDecodeError and UnicodeDecodeError
+            row = None
+        if isinstance(row, dict):
+            rows.append(row)
     return rows
 
 

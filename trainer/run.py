@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from atropos_cli.config import config_diff
+from atropos_cli.config import config_diff, read_saved
 from atropos_cli.errors import ConfigError, OutputExistsError
 
 from . import lora
@@ -27,7 +27,7 @@ from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
 from .grpo import GRPOTrainer, train
 from .metrics import MetricsSink
-from .sources import FileData, from_rank0, gathered
+from .sources import CheckedBatches, FileData, from_rank0, gathered
 
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
@@ -72,6 +72,7 @@ class RunSummary(BaseModel):
     groups_available: int = 0  # --data: the groups read
     groups_per_step: int = 0
     epochs: int = 0
+    groups_skipped: int = 0  # --api-url: groups the model cannot train (token ids, scores), skipped
 
 
 def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
@@ -79,7 +80,8 @@ def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
     current = {"grpo": config.model_dump(mode="json"), "run": opts.model_dump(mode="json")}
     if out.exists() and any(out.iterdir()):
         if opts.resume and saved.is_file():
-            changed = [k for k in config_diff(json.loads(saved.read_text()), current) if k not in _RESUMABLE]
+            before = read_saved(saved, "restore it from the run, or train into a new --out")
+            changed = [k for k in config_diff(before, current) if k not in _RESUMABLE]
             if changed:
                 raise ConfigError(
                     f"--resume with a different config: {', '.join(changed)} changed",
@@ -117,13 +119,14 @@ def _source(
         sync = CheckpointSync(out, opts.sync_every) if opts.inference == "external" else None
         if dist is not None and not dist.is_main:  # the API sees one trainer: rank 0 pulls, every rank trains
             return from_rank0(None, dist), sync, None
+        vocab = vocab_size(trainer.model)
         batches = api_batches(
             opts.api_url, opts.api_batch_size, config.max_len, config.steps, out / "checkpoints", opts.wait_timeout,
             api_key=os.environ.get("ATROPOS_API_KEY") or None,  # the API's bearer token, as `serve` reads it
-            on_wait=on_event,
+            on_wait=on_event, vocab_size=vocab,
         )  # fmt: skip
-        checked = _checked(batches, vocab_size(trainer.model), opts.api_url)
-        return (checked if dist is None else from_rank0(checked, dist)), sync, None
+        checked = CheckedBatches(batches, vocab, on_event)
+        return (iter(checked) if dist is None else from_rank0(checked, dist)), sync, checked
     if dist is not None and opts.inference != "local":  # one inference server (vLLM, external) for all ranks
         if opts.inference == "vllm" and trainer.is_lora:
             raise ConfigError(
@@ -240,15 +243,6 @@ def _load_data(opts: RunOptions, trainer: GRPOTrainer, on_event: Callable[[str],
     return data
 
 
-def _checked(batches: Any, vocab: int, url: str) -> Any:
-    from .sources import check_token_ids
-
-    for batch in batches:
-        for j, group in enumerate(batch):
-            check_token_ids(group, vocab, where=f"GET /batch group {j}", url=url)
-        yield batch
-
-
 def _cap_max_len(trainer: GRPOTrainer, on_event: Callable[[str], None]) -> None:
     """Rollouts longer than the model's positions cannot train correctly: max_len never exceeds them."""
     limit = max_positions(trainer.model)
@@ -348,7 +342,9 @@ def _run(
                 summary.checkpoint = str(latest)
             elif trainer.step_count > 0:
                 summary.checkpoint = str(trainer.save(out))
-            if source is not None and not isinstance(source, FileData):  # the env rollouts
+            if isinstance(source, CheckedBatches):  # the trajectory API's
+                summary.groups_skipped = source.skipped
+            elif source is not None and not isinstance(source, FileData):  # the env rollouts
                 summary.rollouts_failed = source.counts.failed_rollouts + source.counts.failed_groups
     _finish(summary, rewards, opts, config, source)
     if opts.plot and rewards:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from atropos_cli.api.client import TrainerRegistration, iter_batches
+from atropos_cli.api.trainable import untrainable
 from atropos_cli.errors import ApiWaitTimeout, AtroposError, RecordError
 from atropos_cli.formats.reader import BadRecord, expand_inputs, iter_groups
 from atropos_cli.types import ScoredGroup
@@ -27,6 +28,7 @@ __all__ = [
     "FileData",
     "load_file_groups",
     "check_token_ids",
+    "CheckedBatches",
     "file_batches",
     "api_batches",
     "ApiWaitTimeout",
@@ -71,17 +73,41 @@ def load_file_groups(inputs: list[str], vocab_size: int | None = None) -> FileDa
 def check_token_ids(
     group: ScoredGroup, vocab_size: int, *, where: str, file: str | None = None, url: str | None = None
 ) -> None:
-    """Token ids must index the model's embedding: 0 <= id < vocab_size."""
-    for i, tokens in enumerate(group.tokens):
-        if tokens and (min(tokens) < 0 or max(tokens) >= vocab_size):
-            bad = min(tokens) if min(tokens) < 0 else max(tokens)
-            raise RecordError(
-                f"{where}, rollout {i}: token id {bad} is outside the model's vocabulary (0..{vocab_size - 1})",
-                hint="train the model whose tokenizer wrote these rollouts (--model), or re-run `atropos process` "
-                "with this model's tokenizer",
-                file=file,
-                url=url,
-            )
+    """Token ids must index the model's embedding (0 <= id < vocab_size) and values be trainable
+    (`trainable.untrainable`); else a RecordError naming the group."""
+    problem = untrainable(group, vocab_size)
+    if problem is not None:
+        raise RecordError(
+            f"{where}, {problem}",
+            hint="train the model whose tokenizer wrote these rollouts (--model), or re-run `atropos process` "
+            "with this model's tokenizer",
+            file=file,
+            url=url,
+        )
+
+
+class CheckedBatches:
+    """The API's batches with every group the model cannot train skipped and counted (`skipped`), the first
+    `MAX_WARNINGS` named through `on_event`: one bad group never stops the run. A batch left empty is not
+    trained."""
+
+    def __init__(self, batches: Iterable[list[ScoredGroup]], vocab_size: int, on_event: Callable[[str], None]) -> None:
+        self.batches, self.vocab_size, self.on_event = batches, vocab_size, on_event
+        self.skipped = 0
+
+    def __iter__(self) -> Iterator[list[ScoredGroup]]:
+        for batch in self.batches:
+            kept = []
+            for j, group in enumerate(batch):
+                problem = untrainable(group, self.vocab_size)
+                if problem is None:
+                    kept.append(group)
+                    continue
+                self.skipped += 1
+                if self.skipped <= MAX_WARNINGS:
+                    self.on_event(f"warning: skipped GET /batch group {j}: {problem}")
+            if kept:
+                yield kept
 
 
 def file_batches(
@@ -106,6 +132,7 @@ def api_batches(
     poll_interval: float = 1.0,
     api_key: str | None = None,
     on_wait: Callable[[str], None] | None = None,
+    vocab_size: int | None = None,
 ) -> Iterator[list[ScoredGroup]]:
     """Register as the trainer and yield one batch of groups per `GET /batch` that has data; while none comes,
     `on_wait` gets a status line every 30 s."""
@@ -116,6 +143,7 @@ def api_batches(
         max_token_len=max_token_len,
         checkpoint_dir=str(checkpoint_dir),
         num_steps=num_steps,
+        vocab_size=vocab_size,
     )
     started = time.monotonic()
     for batch in iter_batches(

@@ -8,7 +8,8 @@ Sync modes (`--vllm-sync`), every `every` steps after the trainer writes OUT/che
 - `reload`: pause generation (mode=wait), have every worker reload the checkpoint in place (`/collective_rpc
   reload_weights`), reset the prefix cache (KV computed by the old weights must not be reused), set the weight
   version to the step, resume. Same process, no restart: ~0.1 s on the shipped model. Needs vLLM's dev
-  endpoints, which we switch on in the child's env (VLLM_SERVER_DEV_MODE=1; a trusted localhost server only).
+  endpoints, which we switch on in the child's env (VLLM_SERVER_DEV_MODE=1; bound to 127.0.0.1, and vLLM loads
+  our `httpguard.LoopbackGuard` with `--middleware`, so a browser page, DNS rebinding included, cannot call them).
 - `restart`: stop the server and start it on the checkpoint, under the same served name (every version).
 - `auto` (default): `reload` when the server answers GET /is_paused, else `restart`. One exception, measured on
   vLLM 0.32's CPU backend: a model with tied word embeddings keeps its old LM head after an in-place reload
@@ -37,6 +38,7 @@ from typing import Any, Literal
 
 import httpx
 
+from atropos_cli import httpguard
 from atropos_cli.errors import ConfigError, InferenceError
 from atropos_cli.resources import resolve_model_path
 
@@ -50,6 +52,7 @@ SyncMode = Literal["reload", "restart", "auto"]
 # vLLM 0.32's --max-lora-rank accepts only these (vllm/config/lora.py MaxLoRARanks)
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 _KEEP_ADAPTERS = 2  # the adapter being served and the one before it
+GUARD = "atropos_cli.httpguard.LoopbackGuard"  # vLLM's --middleware: loopback Host and Origin only
 
 
 def vllm_lora_rank(rank: int) -> int:
@@ -108,13 +111,32 @@ class VLLMServer:
             "--enforce-eager",
             "--dtype",
             "bfloat16",
+            "--middleware",
+            GUARD,
             *lora,
             *self.extra_args,
         ]
 
+    def guard_dir(self) -> Path:
+        """A directory holding only a link to our package, first on the child's PYTHONPATH: vLLM (in its own
+        venv) imports `GUARD` from it, so a DNS-rebinding page cannot reach the dev endpoints (which can
+        reload weights) or the generation routes. `atropos_cli/__init__` imports nothing; the guard needs only
+        starlette, which vLLM has."""
+        folder = self.log_path.parent / ".vllm-guard"
+        folder.mkdir(parents=True, exist_ok=True)
+        link = folder / "atropos_cli"
+        target = Path(httpguard.__file__).resolve().parent  # the atropos_cli package directory
+        if not (link.is_symlink() and link.resolve() == target):
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(target, target_is_directory=True)
+        return folder
+
     def child_env(self) -> dict[str, str]:
-        """Our env plus the switches for the weight-update endpoints (the child's env only, never ours)."""
-        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1"}
+        """Our env plus the switches for the weight-update endpoints and the path to our Host/Origin guard (the
+        child's env only, never ours)."""
+        path = os.pathsep.join(p for p in (str(self.guard_dir()), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": path}
         if self.is_lora:
             env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "True"
         return env

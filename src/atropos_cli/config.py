@@ -30,6 +30,7 @@ __all__ = [
     "validate_model",
     "resolve_servers",
     "validate_keys",
+    "read_saved",
 ]
 
 NAMESPACES = ("env", "openai", "teacher")  # teacher: the distillation teacher's server (TeacherDistillationEnv)
@@ -151,13 +152,27 @@ def parse_dotted_flags(args: Sequence[str]) -> dict[str, dict[str, Any]]:
     return parsed
 
 
+def read_saved(path: Path, hint: str) -> Any:
+    """A JSON or YAML file a run wrote earlier (config.yaml, config.json, trainer_state.json): one that is not
+    UTF-8 or does not parse is a ConfigError naming it, never a traceback. Read as bytes, so an encoding error
+    is the parser's, not Python's."""
+    data = path.read_bytes()
+    try:
+        if path.suffix == ".json":
+            return json.loads(data)
+        return yaml.safe_load(data)
+    except (ValueError, yaml.YAMLError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        detail = " ".join(str(exc).split())[:200]
+        raise ConfigError(f"{path.name} of the run is not readable ({detail})", hint=hint, file=str(path)) from None
+
+
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """Read an Atropos-layout YAML config (plus `train:`, read by `atropos train`); other top-level keys are errors."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {str(path)!r} does not exist", hint="pass --config PATH to a YAML file")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_bytes()) or {}  # bytes: a non-UTF-8 file is a YAMLError, not a traceback
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         raise ConfigError(

@@ -1,13 +1,23 @@
-"""What every HTTP server we run (`atropos api`, `atropos inference`, the fake inference server) checks before a
-request reaches a route: browser cross-site requests are refused, and with an API key every request needs it.
+"""What every HTTP server we run (`atropos api`, `atropos inference`, the fake inference server, `atropos view
+--serve`) checks before a request reaches a route: the `Host` it was sent to, browser cross-site requests, and
+with an API key every request needs it.
 
-`BrowserGuard` (pure ASGI middleware) answers 403 to a request a web page in the user's browser made:
-`Sec-Fetch-Site: cross-site` or `same-site` (every current browser sends it), or an `Origin` header that is not a
-loopback address (older browsers; they send Origin on every cross-origin POST); and 415 to a POST/PUT/PATCH/DELETE
-with a body that is not
-`Content-Type: application/json` (gzip-encoded JSON included): a page can send `text/plain` without a CORS
-preflight, but not JSON. Programs (Atropos' clients, the `openai` package, httpx, curl with `-H
+`HostPolicy` answers DNS rebinding: a page on `attacker.example` whose name is re-pointed at 127.0.0.1 reaches
+our port from the browser as a same-origin request (no Origin, no Sec-Fetch-Site: cross-site), but its `Host`
+header still says `attacker.example`. A request is served only when its Host is a loopback name or address
+(`localhost`, `127.0.0.0/8`, `::1`), the address the server is bound to (any IP literal when bound to
+`0.0.0.0`/`::`: a rebound page always has a name), or a name the user allowed (`--allowed-host NAME`, `*` for
+any). A request without Host (HTTP/1.0 programs) is not a browser's and passes.
+
+`BrowserGuard` (pure ASGI middleware) answers 403 to a Host the policy refuses and to a request a web page in
+the user's browser made: `Sec-Fetch-Site: cross-site` or `same-site` (every current browser sends it), or an
+`Origin` header whose host is not exactly a loopback name or address, nor an allowed name (the URL is parsed:
+`http://127.0.0.1.attacker.example` is not loopback); and 415 to a POST/PUT/PATCH/DELETE with a body that is
+not `Content-Type: application/json` (gzip-encoded JSON included): a page can send `text/plain` without a
+CORS preflight, but not JSON. Programs (Atropos' clients, the `openai` package, httpx, curl with `-H
 'Content-Type: application/json'`) send none of the browser headers and JSON bodies, so they pass.
+`refusal(method, headers, policy)` is the same check for servers that are not ASGI (`view --serve`), and
+`LoopbackGuard` the guard of a server we launch but do not build (vLLM's `--middleware`).
 
 `BearerAuth` answers 401 unless `Authorization: Bearer <key>` matches (constant-time compare).
 
@@ -16,59 +26,152 @@ Both take `render(status, message, hint) -> Response`, so each server answers in
 
 from __future__ import annotations
 
+import ipaddress
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BrowserGuard", "BearerAuth", "Render", "is_loopback_origin", "LOOPBACK_HOSTS"]
+__all__ = ["BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name"]
 
 Render = Callable[[int, str, str | None], Response]
-LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1", "[::1]"}
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+_UNSPECIFIED = {"0.0.0.0", "::", ""}
 
 
-def is_loopback_origin(origin: str) -> bool:
-    host = urlsplit(origin).hostname if origin != "null" else None
-    return host is not None and (host in LOOPBACK_HOSTS or host.startswith("127."))
+def _ip(name: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(name)
+    except ValueError:
+        return None
 
 
-def _refusal(scope: Scope) -> tuple[int, str, str] | None:
-    """(status, message, hint) when the request must be refused, else None."""
-    headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+def _normal(name: str) -> str:
+    return name.strip().lower().removesuffix(".").removeprefix("[").removesuffix("]")
+
+
+def is_loopback_name(name: str) -> bool:
+    """`localhost` or a loopback address (127.0.0.0/8, ::1), compared exactly: `127.0.0.1.evil.example` is not."""
+    name = _normal(name)
+    address = _ip(name)
+    return name == "localhost" or (address is not None and address.is_loopback)
+
+
+def _host_of(header: str) -> str | None:
+    """The name in a Host header (`name`, `name:port`, `[v6]:port`); None when it is not one."""
+    header = header.strip()
+    if header.startswith("["):
+        close = header.find("]")
+        rest = header[close + 1 :] if close > 0 else "x"
+        return header[1:close] if close > 0 and (not rest or (rest[0] == ":" and rest[1:].isdigit())) else None
+    name, colon, port = header.rpartition(":")
+    if not colon:
+        name = port
+    elif not port.isdigit():
+        return None
+    return name or None
+
+
+class HostPolicy:
+    """Which `Host` values (and Origin hosts) a server answers: loopback, its bound address, allowed names."""
+
+    def __init__(self, bound: str = "127.0.0.1", allowed: Iterable[str] = ()) -> None:
+        self.bound = _normal(bound)
+        self.allowed = {_normal(a) for a in allowed if a.strip()}
+        self.any_host = "*" in self.allowed
+
+    def allows_host(self, header: str | None) -> bool:
+        if header is None or self.any_host:
+            return True
+        name = _host_of(header)
+        if name is None:
+            return False
+        name = _normal(name)
+        if is_loopback_name(name) or name == self.bound or name in self.allowed:
+            return True
+        return self.bound in _UNSPECIFIED and _ip(name) is not None
+
+    def allows_origin(self, origin: str) -> bool:
+        try:
+            host = urlsplit(origin).hostname if origin != "null" else None
+        except ValueError:
+            return False
+        return host is not None and (is_loopback_name(host) or _normal(host) in self.allowed)
+
+
+def refusal(method: str, headers: Mapping[str, str], policy: HostPolicy) -> tuple[int, str, str, str] | None:
+    """(status, message, hint, metrics reason) when the request must be refused, else None. `headers` has
+    lower-case names."""
+    host = headers.get("host")
+    if not policy.allows_host(host):
+        return (
+            403, f"Host {str(host)[:100]!r} is not this server's name (a DNS-rebinding page sends its own)",
+            "call it as 127.0.0.1 or localhost, or start it with --allowed-host NAME", "bad_host",
+        )  # fmt: skip
     site = headers.get("sec-fetch-site", "").lower()
     if site in ("cross-site", "same-site"):
-        return 403, f"cross-site browser request refused (Sec-Fetch-Site: {site})", "call this server from a program"
+        return (
+            403, f"cross-site browser request refused (Sec-Fetch-Site: {site})", "call this server from a program",
+            "cross_site",
+        )  # fmt: skip
     origin = headers.get("origin")
-    if origin is not None and not is_loopback_origin(origin):
-        return 403, f"request from origin {origin[:100]!r} refused", "only programs and loopback pages may call it"
+    if origin is not None and not policy.allows_origin(origin):
+        return (
+            403, f"request from origin {origin[:100]!r} refused", "only programs and loopback pages may call it",
+            "cross_site",
+        )  # fmt: skip
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
-    if scope["method"] in _BODY_METHODS and has_body:
+    if method in _BODY_METHODS and has_body:
         media = headers.get("content-type", "").split(";")[0].strip().lower()
         if media != "application/json":
             return (
                 415,
                 f"request body must be Content-Type: application/json, got {media or 'none'!r}",
                 "send JSON with Content-Type: application/json (gzip: add Content-Encoding: gzip)",
+                "content_type",
             )
     return None
 
 
 class BrowserGuard:
-    def __init__(self, app: ASGIApp, render: Render, on_reject: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self, app: ASGIApp, render: Render, on_reject: Callable[[str], None] | None = None,
+        hosts: HostPolicy | None = None,
+    ) -> None:  # fmt: skip
         self.app, self.render, self.on_reject = app, render, on_reject
+        self.hosts = hosts or HostPolicy()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = _refusal(scope) if scope["type"] == "http" else None
-        if refusal is None:
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        status, message, hint = refusal
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        refused = refusal(scope["method"], headers, self.hosts)
+        if refused is None:
+            await self.app(scope, receive, send)
+            return
+        status, message, hint, reason = refused
         if self.on_reject:
-            self.on_reject("cross_site" if status == 403 else "content_type")
+            self.on_reject(reason)
         await self.render(status, message, hint)(scope, receive, send)
+
+
+def _openai_error(status: int, message: str, hint: str | None = None) -> Response:
+    from starlette.responses import JSONResponse
+
+    text = message + (f" (hint: {hint})" if hint else "")
+    return JSONResponse({"error": {"message": text, "type": "invalid_request_error", "code": status}}, status)
+
+
+class LoopbackGuard(BrowserGuard):
+    """`BrowserGuard` for a server we launch but do not build, bound to 127.0.0.1: the vLLM server of `atropos
+    train --inference vllm` loads it with `--middleware atropos_cli.httpguard.LoopbackGuard` (vLLM calls
+    `app.add_middleware(cls)` without arguments). Errors in OpenAI's shape; needs only starlette."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        super().__init__(app, render=_openai_error)
 
 
 class BearerAuth:

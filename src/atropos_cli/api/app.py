@@ -31,7 +31,7 @@ from atropos_cli.api.service import (
     Registration,
 )
 from atropos_cli.api.wire import WireError
-from atropos_cli.httpguard import BearerAuth, BrowserGuard
+from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 
 __all__ = ["create_app"]
 
@@ -135,7 +135,8 @@ def create_app(
         app.add_middleware(
             BearerAuth, api_key=settings.api_key, render=_error, hint=hint, on_reject=service.metrics.on_reject
         )
-    app.add_middleware(BrowserGuard, render=_error, on_reject=service.metrics.on_reject)  # outermost: runs first
+    hosts = HostPolicy(settings.host, settings.allowed_hosts)
+    app.add_middleware(BrowserGuard, render=_error, on_reject=service.metrics.on_reject, hosts=hosts)  # runs first
     _install_error_handlers(app, service)
     _trainer_routes(app, service)
     _env_routes(app, service)
@@ -207,7 +208,7 @@ def _env_routes(app: FastAPI, service: ApiService) -> None:
     async def scored_data(request: Request) -> dict[str, Any]:
         data = await _json_body(request, settings)
         service.check_accepting(1)
-        return (await service.ingest([wire.to_ingest_item(data)]))[0]
+        return (await service.ingest([wire.to_ingest_item(data, vocab_size=service.vocab_size())]))[0]
 
     @_route(app, "POST", "/scored_data_list")
     async def scored_data_list(request: Request) -> dict[str, Any]:
@@ -223,7 +224,8 @@ def _env_routes(app: FastAPI, service: ApiService) -> None:
                 hint="post fewer groups per request",
             )
         service.check_accepting(len(data))
-        answers = await service.ingest([wire.to_ingest_item(g, i) for i, g in enumerate(data)])
+        vocab = service.vocab_size()
+        answers = await service.ingest([wire.to_ingest_item(g, i, vocab) for i, g in enumerate(data)])
         result: dict[str, Any] = {"status": "received", "groups_processed": len(answers)}
         buffered = [a for a in answers if a["status"] == "buffered"]
         if buffered:
@@ -267,6 +269,9 @@ def _admin_routes(app: FastAPI, service: ApiService) -> None:
             "durable": service.store.durable,
             "step": service.step,
             "queue_groups": len(service.queue.queue),
+            "buffered_groups": service.queue.buffered_count(),
+            "batched_groups": sum(len(batch[1]) for batch in service.pending),
+            "outstanding_groups": service.outstanding_groups(),
             "trainer_registered": service.registration is not None,
         }
 

@@ -62,6 +62,7 @@ class TrainerRegistration(BaseModel):
     save_checkpoint_interval: int = 0
     starting_step: int = 0
     num_steps: int = 1000
+    vocab_size: int | None = None  # ours: the API then refuses token ids the model has no embedding for
 
 
 RetryHook = Callable[[str, float], None]
@@ -131,7 +132,7 @@ class ApiClient:
         """POST /register as the trainer (after `GET /reset_data` when `reset`, which wipes the queue)."""
         if reset:
             await self.request("GET", "/reset_data", retry=False)
-        return await self.request("POST", "/register", registration.model_dump(), retry=False)
+        return await self.request("POST", "/register", registration.model_dump(exclude_none=True), retry=False)
 
     async def get_batch(self) -> list[dict[str, Any]] | None:
         """The next batch (a list of ScoredData dicts), or None when the queue cannot fill one yet."""

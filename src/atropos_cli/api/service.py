@@ -36,6 +36,10 @@ class ApiSettings(BaseModel):
     fsync: bool = False
     mix: Literal["fifo", "weighted"] = "fifo"
     prefetch_batches: int = 1
+    host: str = "127.0.0.1"
+    """The address the server is bound to: a `Host` naming it is answered (see `httpguard.HostPolicy`)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Names besides loopback and the bound address that requests may use in `Host` (`*`: any)."""
 
 
 class Registration(BaseModel):
@@ -49,6 +53,8 @@ class Registration(BaseModel):
     save_checkpoint_interval: int
     starting_step: int
     num_steps: int
+    vocab_size: int | None = Field(None, ge=1)
+    """Ours (Atropos' trainers leave it out): the model's vocabulary size; posted token ids must be below it."""
 
 
 class RegisterEnv(BaseModel):
@@ -178,6 +184,10 @@ class ApiService:
         return {"status": "success"}
 
     # ---- ingest -------------------------------------------------------------------------------------
+    def vocab_size(self) -> int | None:
+        """The registered trainer's vocabulary size, when it sent one (posted token ids must be below it)."""
+        return self.registration.vocab_size if self.registration is not None else None
+
     def outstanding_groups(self) -> int:
         return len(self.queue.queue) + self.queue.buffered_count() + sum(len(b[1]) for b in self.pending)
 
@@ -194,7 +204,8 @@ class ApiService:
             )
 
     def check_servable(self, items: list[IngestItem]) -> None:
-        """Refuse groups no batch can ever take (larger than batch_size) or for an env that does not exist."""
+        """Refuse groups no batch can ever take (larger than batch_size, or than their env's group_size, which
+        Atropos' buffering could never complete) or for an env that does not exist."""
         batch_size = self.registration.batch_size if self.registration else None
         for index, item in enumerate(items):
             where = "group" if len(items) == 1 else f"group {index}"
@@ -208,6 +219,15 @@ class ApiService:
                 raise ApiInvalid(
                     f"{where} names env_id {item.env_id}, which is not registered",
                     hint="use the env_id that /register-env returned (ids are reset by /reset_data)",
+                )
+            env = self.queue.envs.get(item.env_id) if item.env_id is not None else None
+            if env is not None and item.size > env.group_size:
+                raise ApiInvalid(
+                    f"{where} has {item.size} sequences, more than env {item.env_id}'s group_size of "
+                    f"{env.group_size}: it could only wait in the env's buffer forever (buffered groups must sum "
+                    "exactly to group_size)",
+                    hint=f"post groups of {env.group_size} (or fewer that add up to it), or register the env "
+                    "with the group_size it posts",
                 )
 
     async def ingest(self, items: list[IngestItem]) -> list[dict[str, Any]]:

@@ -3,7 +3,8 @@ group validation into the exact bytes a batch will carry.
 
 `app.py` calls these; they raise `WireError` (status code + message + metrics reason), never return partial
 results. JSON is parsed with orjson, which rejects NaN and Infinity (Python's json accepts them), and groups
-are validated with `ScoredGroup` (+ `require_tokens()`), so nothing malformed reaches the queue.
+are validated with `ScoredGroup` (+ `require_tokens()`) and `trainable.untrainable` (token ids in the
+vocabulary, bounded scores), so nothing malformed or untrainable reaches the queue.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import orjson
 from pydantic import BaseModel, ValidationError
 
 from atropos_cli.api.service import IngestItem
+from atropos_cli.api.trainable import untrainable
 from atropos_cli.errors import WireError
 from atropos_cli.types import ScoredGroup
 
@@ -76,8 +78,10 @@ def parse_model(model: type[BaseModel], data: Any, what: str) -> Any:
         raise WireError(422, f"invalid {what}: {_first_error(exc)}", "invalid_body") from None
 
 
-def to_ingest_item(data: Any, index: int | None = None) -> IngestItem:
-    """Validate one posted group and pre-serialize its 14-key ScoredData JSON (a batch is then a byte join)."""
+def to_ingest_item(data: Any, index: int | None = None, vocab_size: int | None = None) -> IngestItem:
+    """Validate one posted group (a trainer must be able to train it: `trainable.untrainable`, against the
+    registered trainer's `vocab_size` when it sent one) and pre-serialize its 14-key ScoredData JSON (a batch is
+    then a byte join)."""
     where = "group" if index is None else f"group {index}"
     if not isinstance(data, dict):
         raise WireError(422, f"{where} must be a JSON object, got {type(data).__name__}", "invalid_group")
@@ -91,6 +95,10 @@ def to_ingest_item(data: Any, index: int | None = None) -> IngestItem:
     empty = next((i for i, toks in enumerate(group.tokens) if not toks), None)
     if empty is not None:
         raise WireError(422, f"invalid {where}: rollout {empty} has no tokens", "invalid_group")
+    problem = untrainable(group, vocab_size)
+    if problem is not None:
+        raise WireError(422, f"invalid {where}: {problem}", "untrainable",
+                        hint="post token ids of the trainer's tokenizer and scores within ±1e6")  # fmt: skip
     if group.env_id is not None and group.env_id < 0:
         raise WireError(422, f"invalid {where}: env_id {group.env_id} is negative", "invalid_group",
                         hint="use the env_id that /register-env returned")  # fmt: skip

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from atropos_cli.cli.common import cli_errors, console, fail
+from atropos_cli.cli.options import AllowedHosts, ModelOptions, with_options
+from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits
 
 
 def _status_line(service: object) -> None:
@@ -26,6 +28,7 @@ def _status_line(service: object) -> None:
     )
 
 
+@with_options(ModelOptions(HttpLimits, flags=LIMIT_FLAGS, panel="Connection limits"))
 def api_command(
     host: Annotated[str, typer.Option(help="Interface to bind; 0.0.0.0 exposes the API to the network.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
@@ -43,15 +46,16 @@ def api_command(
     fsync: Annotated[bool, typer.Option(help="fsync every commit (survives power loss, not only kill -9).")] = False,
     mix: Annotated[str, typer.Option(help="Batch composition: fifo (Atropos) or weighted (by env weight).")] = "fifo",
     status_every: Annotated[float, typer.Option(help="Seconds between status lines (0: none).")] = 10.0,
+    allowed_host: AllowedHosts = None,
+    **limits: Any,
 ) -> None:
     """Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire)."""
     if mix not in ("fifo", "weighted"):
         raise fail(f"unknown --mix {mix!r}", hint="use fifo or weighted")
     with cli_errors():
-        import uvicorn
-
         from atropos_cli.api.app import create_app
         from atropos_cli.api.service import ApiSettings
+        from atropos_cli.httpserve import serve
 
         settings = ApiSettings(
             state_dir=state_dir,
@@ -61,6 +65,8 @@ def api_command(
             disable_reset=disable_reset,
             fsync=fsync,
             mix=mix,  # type: ignore[arg-type]
+            host=host,
+            allowed_hosts=allowed_host or [],
         )
         app = create_app(settings, on_tick=_status_line if status_every > 0 else None, tick_s=status_every or 1.0)
         service = app.state.service
@@ -80,7 +86,7 @@ def api_command(
             console.print("auth: bearer token required on every endpoint")
         elif host not in ("127.0.0.1", "localhost", "::1"):
             console.print(f"[yellow]warning:[/] bound to {host} without --api-key: anyone who can reach it can post")
-        uvicorn.run(app, host=host, port=port, log_level=os.environ.get("ATROPOS_API_LOG", "warning"))
+        serve(app, host, port, HttpLimits(**limits), log_level=os.environ.get("ATROPOS_API_LOG", "warning"))
 
 
 def register(app: typer.Typer) -> None:

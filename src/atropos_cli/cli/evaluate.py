@@ -53,7 +53,7 @@ def evaluate_command(
         with cli_errors():
             _compare(*compare, out)
         return
-    from atropos_cli.cli.process import plain_overrides
+    from atropos_cli.cli.process import plain_overrides, warn_bad_lines
     from atropos_cli.env.loading import load_env, uses_default_local_model
     from atropos_cli.runs.evaluate import EvalPaths, prepare_eval_dir
 
@@ -63,7 +63,8 @@ def evaluate_command(
         overrides["env"].update(group_size=num_samples, ensure_scores_are_not_same=False)
         loaded = load_env(env, list(ctx.args), str(config) if config else None, overrides, mode="evaluate")
         paths = EvalPaths(out or _default_out(env))
-        skip = prepare_eval_dir(paths, loaded.run_config, num_samples, resume=resume, overwrite=overwrite)
+        skip, bad_lines = prepare_eval_dir(paths, loaded.run_config, num_samples, resume=resume, overwrite=overwrite)
+        warn_bad_lines(bad_lines, "an item with a sample on such a line is evaluated again")
         if uses_default_local_model(loaded.servers):
             err_console.print("no --openai.base_url given: using the local backend with atropos-tiny-arith")
         stats = _run_with_progress(loaded, paths, num_samples, concurrency, limit, skip, pass_threshold)

@@ -4,14 +4,17 @@ The server itself is `atropos_cli.inference.server.create_app`; this module pars
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from atropos_cli.cli.common import cli_errors, console
+from atropos_cli.cli.options import AllowedHosts, ModelOptions, with_options
+from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits
 from atropos_cli.resources import DEFAULT_MODEL
 
 
+@with_options(ModelOptions(HttpLimits, flags=LIMIT_FLAGS, panel="Connection limits"))
 def inference_command(
     model: Annotated[
         str, typer.Option(help="A shipped model's short name, a saved model directory, or a hub id.")
@@ -34,15 +37,19 @@ def inference_command(
     ] = None,
     max_body_mb: Annotated[float, typer.Option(min=0.001, help="Largest request body (MiB); past it a 413.")] = 8.0,
     max_pending: Annotated[
-        int, typer.Option(min=1, help="Most generation requests in flight; past it 503 + Retry-After.")
+        int, typer.Option(min=1, help="Most sequences (prompts x n) in flight; past it 503 + Retry-After.")
     ] = 1024,
+    max_choices: Annotated[
+        int, typer.Option(min=1, help="Most sequences one request may ask for (prompts x n); past it a 400.")
+    ] = 256,
+    allowed_host: AllowedHosts = None,
+    **limits: Any,
 ) -> None:
     """Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health,
     POST /reload_weights {"path": DIR} to swap in new weights without restarting)."""
     with cli_errors():
-        import uvicorn
-
         from atropos_cli.config import ServerConfig
+        from atropos_cli.httpserve import serve
         from atropos_cli.inference.local import LocalBackend
         from atropos_cli.inference.server import ServerSettings, create_app
 
@@ -52,12 +59,15 @@ def inference_command(
             f"serving {backend.model_name!r} (version {backend.version}, {backend.device}, "
             f"context {backend.max_model_len}) on http://{host}:{port}/v1"
         )
-        settings = ServerSettings(max_body_mb=max_body_mb, max_pending=max_pending, api_key=api_key or None)
+        settings = ServerSettings(
+            max_body_mb=max_body_mb, max_pending=max_pending, max_choices=max_choices, api_key=api_key or None,
+            host=host, allowed_hosts=allowed_host or [],
+        )  # fmt: skip
         if api_key:
             console.print("auth: bearer token required on every endpoint")
         elif host not in ("127.0.0.1", "localhost", "::1"):
             console.print(f"[yellow]warning:[/] bound to {host} without --api-key: anyone who can reach it can use it")
-        uvicorn.run(create_app(backend, settings), host=host, port=port, log_level="warning")
+        serve(create_app(backend, settings), host, port, HttpLimits(**limits))
 
 
 def register(app: typer.Typer) -> None:

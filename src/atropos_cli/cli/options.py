@@ -21,7 +21,17 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-__all__ = ["ModelOptions", "with_options", "field_help", "flag_of"]
+__all__ = ["ModelOptions", "with_options", "field_help", "flag_of", "AllowedHosts"]
+
+# `--allowed-host` of every server command (api, inference, view --serve): see `httpguard.HostPolicy`.
+AllowedHosts = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--allowed-host",
+        help="A name clients may use in the Host header besides 127.0.0.1/localhost and the bound address "
+        "(repeat it; '*': any). Other Host values get 403 (DNS rebinding).",
+    ),
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 _UNIONS = (Union, types.UnionType)

@@ -87,7 +87,7 @@ def process_command(
         else:
             paths = RunPaths.for_dir(default_out_dir(env))
         resumed = prepare_output(paths, loaded.run_config, resume=resume, overwrite=overwrite)
-        _warn_bad_lines(resumed.bad_lines)
+        warn_bad_lines(resumed.bad_lines)
         if uses_default_local_model(loaded.servers):
             err_console.print("no --openai.base_url given: using the local backend with atropos-tiny-arith")
         total = loaded.env_config.total_steps
@@ -95,14 +95,13 @@ def process_command(
     _summarise(stats, paths)
 
 
-def _warn_bad_lines(bad_lines: list[Any], shown: int = 3) -> None:
+def warn_bad_lines(
+    bad_lines: list[Any], again: str = "a group on such a line is collected again", shown: int = 3
+) -> None:
     """--resume met unreadable lines: say where, and that they stay in the file (their items run again)."""
     if not bad_lines:
         return
-    err_console.print(
-        f"warning: {len(bad_lines)} unreadable line(s) in the run; "
-        "left in place, a group on such a line is collected again:"
-    )
+    err_console.print(f"warning: {len(bad_lines)} unreadable line(s) in the run; left in place, {again}:")
     for bad in bad_lines[:shown]:
         err_console.print(f"  {bad.location}: {bad.reason}", soft_wrap=True, markup=False)
     if len(bad_lines) > shown:

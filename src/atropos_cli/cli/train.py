@@ -196,6 +196,11 @@ def _report(summary: Any, asked: int) -> None:
     if summary.rollouts_failed:
         line += f" ({summary.rollouts_failed} rollouts failed)"
     console.print(line, soft_wrap=True)
+    if summary.groups_skipped:
+        warn(
+            f"skipped {summary.groups_skipped} groups from the trajectory API that the model cannot train "
+            "(token ids outside its vocabulary, or scores/advantages/log-probs beyond ±1e6)"
+        )
     if summary.truncated:
         warn(f"{summary.truncated} rollouts were longer than max_len {summary.max_len} and were truncated")
     if summary.plot:

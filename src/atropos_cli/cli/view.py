@@ -2,22 +2,24 @@
 
 Flow: paths -> `readers.expand_inputs` -> `readers.iter_groups` (bad lines become warnings) ->
 `writers.html.render_html` -> RUN/index.html, FILE-stem.html, or --out. `--serve` then serves that page
-on 127.0.0.1 with the stdlib HTTP server, re-rendering it on every load of `/`, so a reload shows a run that
-is still being written.
+on 127.0.0.1 with the stdlib HTTP server, guarded like every server (`httpserve.GuardedHTTPServer`),
+re-rendering it on every load of `/`, so a reload shows a run that is still being written.
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
 from atropos_cli.cli.common import cli_errors, console, err_console, fail
+from atropos_cli.cli.options import AllowedHosts
 from atropos_cli.errors import AtroposError
+from atropos_cli.httpguard import HostPolicy
+from atropos_cli.httpserve import GuardedHandler, GuardedHTTPServer
 
 if TYPE_CHECKING:  # the readers are imported when a command runs, not for `--help`
     from atropos_cli.formats.reader import BadRecord, SourcedGroup
@@ -119,11 +121,11 @@ def _print_warnings(result: ViewResult) -> None:
         err_console.print(f"warning: ... and {len(result.bad) - MAX_WARNINGS} more bad lines", soft_wrap=True)
 
 
-class _ViewServer(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, address: tuple[str, int], inputs: list[str], out: Path, title: str | None) -> None:
-        super().__init__(address, _ViewHandler)
+class _ViewServer(GuardedHTTPServer):
+    def __init__(
+        self, address: tuple[str, int], inputs: list[str], out: Path, title: str | None, allowed: list[str]
+    ) -> None:
+        super().__init__(address, _ViewHandler, hosts=HostPolicy(address[0], allowed))
         self.inputs, self.out, self.title = inputs, out, title
         self.lock = threading.Lock()
 
@@ -133,7 +135,7 @@ class _ViewServer(ThreadingHTTPServer):
             return self.out.read_bytes()
 
 
-class _ViewHandler(BaseHTTPRequestHandler):
+class _ViewHandler(GuardedHandler):
     server: _ViewServer
 
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
@@ -157,9 +159,11 @@ class _ViewHandler(BaseHTTPRequestHandler):
         """Quiet: the command prints its URL once; per-request logs would bury it."""
 
 
-def serve(inputs: list[str], out: Path, title: str | None, host: str, port: int) -> None:
+def serve(
+    inputs: list[str], out: Path, title: str | None, host: str, port: int, allowed: list[str] | None = None
+) -> None:
     try:
-        server = _ViewServer((host, port), inputs, out, title)
+        server = _ViewServer((host, port), inputs, out, title, allowed or [])
     except OSError as exc:
         raise fail(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -187,6 +191,7 @@ def view_command(
     ] = False,
     port: Annotated[int, typer.Option("--port", help="Port for --serve (0 = any free port).")] = 8080,
     host: Annotated[str, typer.Option("--host", help="Address for --serve.")] = "127.0.0.1",
+    allowed_host: AllowedHosts = None,
 ) -> None:
     """Render scored groups to one self-contained HTML page (search, score filter, keyboard navigation)."""
     with cli_errors():
@@ -194,7 +199,7 @@ def view_command(
         _print_warnings(result)
         console.print(summary_line(result), soft_wrap=True, markup=False)
         if serve_page:
-            serve(paths, result.path, None, host, port)
+            serve(paths, result.path, None, host, port, allowed_host)
 
 
 def register(app: typer.Typer) -> None:

@@ -72,7 +72,7 @@ def run_decoder(config_path: Path) -> Decoder | None:
     from atropos_cli.inference.tokenizer import load_tokenizer
 
     try:
-        config = yaml.safe_load(Path(config_path).read_text()) or {}
+        config = yaml.safe_load(Path(config_path).read_bytes()) or {}  # bytes: not UTF-8 is a YAMLError
     except (OSError, yaml.YAMLError):
         return None
     servers = config.get("openai") or []

@@ -5,7 +5,8 @@ gathers whatever else arrives until no new job came for `max_wait_s` (at most `m
 `max_batch_size` rows, a job counting `size(job)` rows, e.g. its `n`), and runs `run(jobs) -> results` in ONE
 worker thread, so the event loop never blocks on the model and model calls never overlap (a weight swap
 between two calls is therefore atomic). Jobs that arrive while a batch runs wait in the queue and form the
-next batch. An HTTP server announces each request as it starts reading it (`arriving()`), and the collector
+next batch. A batch that raises is re-run one job at a time, so one failing job fails its own caller only.
+An HTTP server announces each request as it starts reading it (`arriving()`), and the collector
 keeps the batch open while announced requests are still on their way. Knows nothing about torch.
 """
 
@@ -57,6 +58,7 @@ class RequestBatcher(Generic[J, R]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self.batches_run = 0
         self.rows_run = 0
+        self.batches_split = 0  # batches that raised and were re-run one job at a time
         self._arriving = 0  # jobs announced by `arriving()` and not queued yet
 
     def _ensure_started(self) -> asyncio.Queue[_Pending[J]]:
@@ -135,18 +137,27 @@ class RequestBatcher(Generic[J, R]):
             batch = await self._gather(queue, carry)
             if not batch:
                 continue
-            try:
-                results = await loop.run_in_executor(self._executor, self._run, [p.job for p in batch])
-            except Exception as exc:  # the whole batch failed: every waiting caller gets the error
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(exc)
-                continue
-            self.batches_run += 1
-            self.rows_run += sum(self._size(p.job) for p in batch)
-            for pending, result in zip(batch, results, strict=True):
-                if not pending.future.done():
-                    pending.future.set_result(result)
+            await self._run_batch(loop, batch)
+
+    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Pending[J]]) -> None:
+        """Run one batch; when it raises, run each of its jobs alone, so a failing job fails its caller only
+        (a seeded job gives the same answer alone as batched)."""
+        try:
+            results = await loop.run_in_executor(self._executor, self._run, [p.job for p in batch])
+        except Exception as exc:
+            if len(batch) == 1:
+                if not batch[0].future.done():
+                    batch[0].future.set_exception(exc)
+                return
+            self.batches_split += 1
+            for pending in batch:
+                await self._run_batch(loop, [pending])
+            return
+        self.batches_run += 1
+        self.rows_run += sum(self._size(p.job) for p in batch)
+        for pending, result in zip(batch, results, strict=True):
+            if not pending.future.done():
+                pending.future.set_result(result)
 
     async def aclose(self) -> None:
         """Stop the collector and the worker thread; waiting callers are cancelled."""

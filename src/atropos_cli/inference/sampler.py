@@ -16,7 +16,13 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RowRequest", "RowResult", "sample_rows", "eos_ids", "stop_cut", "cache_kwarg"]
+__all__ = ["RowRequest", "RowResult", "sample_rows", "eos_ids", "stop_cut", "cache_kwarg", "GREEDY_BELOW", "MIN_TOP_P"]
+
+# What fp32 sampling can do: logits / T overflows to inf (softmax NaN) for T near 1e-38, and a top-p that rounds
+# to 0 in fp32 would drop every token. Below GREEDY_BELOW a temperature means greedy (vLLM's rule); a top-p
+# below MIN_TOP_P keeps the most likely token only, as MIN_TOP_P does.
+GREEDY_BELOW = 1e-5
+MIN_TOP_P = 1e-5
 
 
 @dataclass
@@ -28,6 +34,11 @@ class RowRequest:
     stop: list[str] = field(default_factory=list)
     seed: int = 0
     top_logprobs: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.temperature >= GREEDY_BELOW:  # NaN too
+            self.temperature = 0.0
+        self.top_p = min(max(self.top_p, MIN_TOP_P), 1.0) if self.top_p == self.top_p else 1.0
 
 
 @dataclass
@@ -78,6 +89,7 @@ def _sample(logits: Any, rows: list[RowRequest], generators: list[Any]) -> Any:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         # drop a token when the mass before it already reaches top_p (the first token always stays)
         drop = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p[:, None]
+        drop[:, 0] = False
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
     for j, i in enumerate(hot):

@@ -9,15 +9,16 @@ backend swaps weights between two batches and bumps `version`).
 
 Limits, checked before any model work: browser cross-site requests and non-JSON bodies are refused
 (`httpguard`); with an API key every request needs `Authorization: Bearer KEY`; a body over `max_body_mb` is
-a 413 (read no further); a prompt whose text cannot fit the context is a 400 before it is tokenized; past
-`max_pending` generation requests in flight new ones get 503 + Retry-After, so `/health` stays fast.
+a 413 (read no further); a prompt whose text cannot fit the context is a 400 before it is tokenized; a request
+asking for more than `max_choices` sequences (prompts x n) is a 400; past `max_pending` sequences in flight
+(every request's prompts x n) new ones get 503 + Retry-After, so `/health` stays fast.
 Errors use real status codes with OpenAI's error body; a bad parameter value is a 400 that names it.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import orjson
@@ -26,9 +27,9 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from atropos_cli.errors import AtroposError, ModelLoadError
-from atropos_cli.httpguard import BearerAuth, BrowserGuard
+from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 from atropos_cli.inference.local import BadRequestError, LocalBackend
-from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, parse_request
+from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, parse_request, prompt_list
 from atropos_cli.inference.served import LocalServed, Served
 
 __all__ = ["create_app", "ServerSettings", "ChatRequest", "CompletionRequest"]
@@ -38,9 +39,15 @@ class ServerSettings(BaseModel):
     max_body_mb: float = Field(default=8.0, gt=0)
     """Largest request body (MiB); past it a 413 and the rest is not read."""
     max_pending: int = Field(default=1024, ge=1)
-    """Most generation requests in flight; past it 503 + Retry-After (health checks stay fast)."""
+    """Most sequences (prompts x n of every request) in flight; past it 503 + Retry-After (health stays fast)."""
+    max_choices: int = Field(default=256, ge=1)
+    """Most sequences one request may ask for (prompts x n); past it a 400 naming n."""
     api_key: str | None = None
     """Require `Authorization: Bearer KEY` on every request."""
+    host: str = "127.0.0.1"
+    """The address the server is bound to: a `Host` naming it is answered (see `httpguard.HostPolicy`)."""
+    allowed_hosts: list[str] = Field(default_factory=list)
+    """Names besides loopback and the bound address that requests may use in `Host` (`*`: any)."""
 
 
 class ReloadRequest(BaseModel):
@@ -77,23 +84,42 @@ async def _read_json(request: Request, limit: int) -> Any:
 
 
 class _Gate:
-    """Counts generation requests in flight; refuses new ones past the limit (503 + Retry-After)."""
+    """Counts the sequences in flight (a request holds one while its body is read, then prompts x n); refuses
+    what would go past the limit (503 + Retry-After)."""
 
     def __init__(self, limit: int) -> None:
         self.limit, self.pending = limit, 0
 
-    @contextlib.contextmanager
-    def slot(self) -> Any:
-        if self.pending >= self.limit:
+    def _take(self, held: list[int], count: int) -> None:
+        if count > 0 and self.pending + count > self.limit:
             raise HTTPError(
-                503, f"server busy: {self.pending} requests in flight (limit {self.limit})", kind="server_error",
-                headers={"Retry-After": "1"},
+                503, f"server busy: {self.pending} sequences in flight (limit {self.limit}, --max-pending)",
+                kind="server_error", headers={"Retry-After": "1"},
             )  # fmt: skip
-        self.pending += 1
+        self.pending += count
+        held[0] += count
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[Callable[[int], None]]:
+        """Hold one sequence; the block calls the yielded `grow(total)` once it knows the request's size."""
+        held = [0]
+        self._take(held, 1)
         try:
-            yield
+            yield lambda total: self._take(held, total - held[0])
         finally:
-            self.pending -= 1
+            self.pending -= held[0]
+
+
+def _sequences(req: ChatRequest | CompletionRequest, limit: int) -> int:
+    """Prompts x n of a request; a 400 naming n past `limit` (--max-choices)."""
+    prompts = len(prompt_list(req.prompt)) if isinstance(req, CompletionRequest) else 1
+    total = prompts * req.n
+    if total > limit:
+        raise HTTPError(
+            400, f"the request asks for {total} sequences ({prompts} prompts x n={req.n}), over the limit of "
+            f"{limit} per request (--max-choices)", param="n",
+        )  # fmt: skip
+    return total
 
 
 def _check_prompt_size(served: Served, req: ChatRequest | CompletionRequest) -> None:
@@ -123,14 +149,15 @@ def create_app(backend: Served | LocalBackend, settings: ServerSettings | None =
     if settings.api_key:
         hint = "send 'Authorization: Bearer KEY' (OpenAI clients: api_key=KEY)"
         app.add_middleware(BearerAuth, api_key=settings.api_key, render=_render, hint=hint)
-    app.add_middleware(BrowserGuard, render=_render)
+    app.add_middleware(BrowserGuard, render=_render, hosts=HostPolicy(settings.host, settings.allowed_hosts))
     _error_handlers(app)
     _info_routes(app, served)
 
     async def generate(request: Request, model: type[Any], run: Callable[[Any], Awaitable[Any]]) -> Response:
-        with gate.slot(), served.arriving():  # a burst of requests being parsed becomes one batch
+        with gate.slot() as grow, served.arriving():  # a burst of requests being parsed becomes one batch
             req = parse_request(await _read_json(request, limit), model, served.strict)
             _check_prompt_size(served, req)
+            grow(_sequences(req, min(settings.max_choices, settings.max_pending)))
             answer = await run(req)
         # a JSONResponse skips FastAPI's jsonable_encoder walk over the nested body (measurably faster)
         return answer if isinstance(answer, Response) else JSONResponse(answer)

@@ -33,13 +33,17 @@ from pydantic import BaseModel, ValidationError
 from atropos_cli.config import RunConfig
 from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ConfigError
+from atropos_cli.formats.reader import BadRecord
 from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.runs.envcall import call_env
 from atropos_cli.runs.metrics import ItemResult, summarise
 from atropos_cli.runs.rundir import claim_output
 from atropos_cli.types import Message
 
-__all__ = ["EvalPaths", "EvalSample", "EvalStats", "prepare_eval_dir", "run_eval", "read_samples", "load_metrics"]
+__all__ = [
+    "EvalPaths", "EvalSample", "EvalStats", "prepare_eval_dir", "run_eval", "read_samples", "scan_samples",
+    "load_metrics",
+]  # fmt: skip
 
 
 class EvalSample(BaseModel):
@@ -97,17 +101,38 @@ class EvalStats:
         return self.document.get("results", {}).get("all", {})
 
 
-def read_samples(path: Path) -> list[EvalSample]:
-    """Samples of a samples.jsonl; a torn or invalid line (a crash mid-write) is skipped."""
-    samples: list[EvalSample] = []
+@dataclass
+class SampleLines:
+    """A samples.jsonl read back: its samples, and the lines that are not one (invalid JSON, not UTF-8), each
+    with its location and its bytes, so a rewrite can keep them. A torn last line (no newline: the write a crash
+    interrupted) is neither: it is dropped, as `process --resume` drops one."""
+
+    samples: list[EvalSample] = field(default_factory=list)
+    bad: list[tuple[BadRecord, bytes]] = field(default_factory=list)
+
+
+def scan_samples(path: Path) -> SampleLines:
+    found = SampleLines()
     if not path.exists():
-        return samples
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            samples.append(EvalSample.model_validate_json(line))
-        except ValidationError:
+        return found
+    data = path.read_bytes()
+    lines = data.splitlines()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
             continue
-    return samples
+        try:
+            found.samples.append(EvalSample.model_validate_json(line))
+        except ValidationError as exc:
+            if number == len(lines) and not data.endswith(b"\n"):
+                continue  # a torn last line: the write a crash interrupted; its item runs again
+            reason = exc.errors()[0]["msg"]
+            found.bad.append((BadRecord(f"{path}:{number}", f"not a sample ({reason})"), line))
+    return found
+
+
+def read_samples(path: Path) -> list[EvalSample]:
+    """Samples of a samples.jsonl; a line that is not one is skipped (`scan_samples` lists them)."""
+    return scan_samples(path).samples
 
 
 def _complete_items(samples: list[EvalSample], k: int) -> dict[int, list[EvalSample]]:
@@ -117,16 +142,21 @@ def _complete_items(samples: list[EvalSample], k: int) -> dict[int, list[EvalSam
     return {i: ss for i, ss in by_index.items() if len({s.sample for s in ss}) == k}
 
 
-def prepare_eval_dir(paths: EvalPaths, run_config: RunConfig, k: int, *, resume: bool, overwrite: bool) -> set[int]:
-    """Create or check the eval dir; with --resume return the item indices already complete."""
+def prepare_eval_dir(
+    paths: EvalPaths, run_config: RunConfig, k: int, *, resume: bool, overwrite: bool
+) -> tuple[set[int], list[BadRecord]]:
+    """Create or check the eval dir; with --resume, the item indices already complete and the lines of
+    samples.jsonl that could not be read (kept in the file, at its end; their items run again)."""
     claim_output(paths.root, paths.config, paths.outputs(), run_config, resume=resume, overwrite=overwrite)
     if not resume:
-        return set()
-    complete = _complete_items(read_samples(paths.samples), k)
-    # Keep only whole items, so a crash mid-item cannot leave half an item behind.
-    lines = [s.model_dump_json(exclude_none=True) for i in sorted(complete) for s in complete[i]]
-    paths.samples.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-    return set(complete)
+        return set(), []
+    found = scan_samples(paths.samples)
+    complete = _complete_items(found.samples, k)
+    # Keep only whole items, so a crash mid-item cannot leave half an item behind; unreadable lines stay.
+    lines = [s.model_dump_json(exclude_none=True).encode() for i in sorted(complete) for s in complete[i]]
+    lines += [raw for _, raw in found.bad]
+    paths.samples.write_bytes(b"".join(line + b"\n" for line in lines))
+    return set(complete), [bad for bad, _ in found.bad]
 
 
 def eval_items(env: BaseEnv, limit: int | None) -> list[Any]:
@@ -263,7 +293,13 @@ def load_metrics(path: Path) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(f"no metrics.json at {str(path)!r}", hint="pass an `atropos evaluate` output directory")
     try:
-        document = json.loads(file.read_text(encoding="utf-8"))
+        document = json.loads(file.read_bytes())
+    except UnicodeDecodeError as exc:
+        raise ConfigError(
+            f"not UTF-8 ({exc.reason} at byte {exc.start})",
+            hint="pass a metrics.json written by `atropos evaluate`",
+            file=str(file),
+        ) from None
     except json.JSONDecodeError as exc:
         raise ConfigError(
             f"not valid JSON ({exc.msg})", hint="pass a metrics.json written by `atropos evaluate`", file=str(file)

@@ -240,6 +240,14 @@ def _install_sigint(loop: asyncio.AbstractEventLoop, handler: Callable[[], None]
     return True
 
 
+def count_lines(path: Path) -> int:
+    """Non-blank lines of a jsonl file, read as bytes: a line that is not UTF-8 still counts."""
+    if not path.exists():
+        return 0
+    with path.open("rb") as handle:
+        return sum(1 for line in handle if line.strip())
+
+
 def finish_outputs(paths: RunPaths) -> None:
     """Rewrite groups.parquet and index.html from groups.jsonl (the durable record)."""
     from atropos_cli.formats.html import render_html, run_decoder
@@ -250,7 +258,7 @@ def finish_outputs(paths: RunPaths) -> None:
         return
     groups = list(iter_groups([paths.groups]))  # read (and validate) once, feed both writers
     write_parquet((s.group for s in groups), paths.parquet)
-    failures = sum(1 for _ in paths.failures.open()) if paths.failures.exists() else 0
+    failures = count_lines(paths.failures)
     token_only = any(s.group.messages is None and s.group.tokens for s in groups)
     decode = run_decoder(paths.config) if token_only else None
     render_html(groups, paths.html, title=f"atropos run: {paths.root}", failures=failures, decode=decode)

@@ -12,9 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
-
-from atropos_cli.config import RunConfig, config_diff
+from atropos_cli.config import RunConfig, config_diff, read_saved
 from atropos_cli.errors import ConfigError, OutputExistsError
 
 __all__ = ["claim_output", "holds_no_records"]
@@ -29,7 +27,7 @@ def claim_output(
             raise ConfigError(
                 f"nothing to resume in {str(root)!r}: no {config_path.name}", hint="start a new run without --resume"
             )
-        saved = yaml.safe_load(config_path.read_text()) or {}
+        saved = read_saved(config_path, "restore the run's config.yaml, or start a new run without --resume") or {}
         changed = config_diff(saved, run_config.model_dump(mode="json"))
         if changed:
             raise ConfigError(

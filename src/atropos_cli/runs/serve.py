@@ -167,10 +167,17 @@ class _Server:
             return
         from atropos_cli.formats.reader import parse_line
 
-        lines = self.spill.read_bytes().splitlines()
-        groups = [g for g in map(parse_line, lines) if isinstance(g, ScoredGroup)]
+        lines = [line for line in self.spill.read_bytes().splitlines() if line.strip()]
+        parsed = [(line, parse_line(line)) for line in lines]
+        groups = [g for _, g in parsed if isinstance(g, ScoredGroup)]
+        unreadable = [line for line, g in parsed if not isinstance(g, ScoredGroup)]
         for group in groups:
             self._to_outbox(group)
+        if unreadable:  # never lost: kept beside the spill file, which is about to go
+            kept = self.spill.with_name(self.spill.stem + ".unreadable.jsonl")
+            with kept.open("ab") as handle:
+                handle.write(b"".join(line + b"\n" for line in unreadable))
+            self.event(f"warning: {len(unreadable)} unreadable lines of the spill file kept in {kept}")
         self.spill.unlink()
         self.event(f"re-sending {len(groups)} groups from the spill file {self.spill}")
 

@@ -343,7 +343,8 @@ def build_app(server: FakeInferenceServer) -> Any:
     """The app behind a FakeInferenceServer: `atropos inference`'s own app with the fake as its backend."""
     from atropos_cli.inference.server import ServerSettings, create_app
 
-    app = create_app(server, ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key))
+    settings = ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key, host=server.host)
+    app = create_app(server, settings)
     if server.tokenizer is not None:
         from atropos_cli.testing.fake_generate import add_generate_route
 

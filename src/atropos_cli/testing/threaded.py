@@ -1,4 +1,5 @@
 """Run an ASGI app with uvicorn in a background thread on 127.0.0.1: the one helper tests and fakes share.
+The server has the connection limits of every server we run (`httpserve.HttpLimits`).
 
 The listening socket is bound before the thread starts (port 0: the OS picks a free port and we hold it, so
 there is no race), and it is created with `proto=IPPROTO_TCP`: asyncio sets TCP_NODELAY only on sockets whose
@@ -10,7 +11,10 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from atropos_cli.httpserve import HttpLimits
 
 __all__ = ["ThreadedServer"]
 
@@ -19,9 +23,12 @@ class ThreadedServer:
     """`with ThreadedServer(app) as server: httpx.get(server.url + "/health")`; stopped on exit."""
 
     def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto"
-    ) -> None:
+        self, app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto",
+        limits: HttpLimits | None = None,
+    ) -> None:  # fmt: skip
         self.app = app
+        self.limits = limits
+        self.parser = "auto"  # "h11": uvicorn's pure-Python parser even where httptools is installed
         self.host = host
         self.port = port
         self.lifespan = lifespan
@@ -39,13 +46,16 @@ class ThreadedServer:
     def start(self, timeout_s: float = 30.0) -> ThreadedServer:
         import uvicorn
 
+        from atropos_cli.httpserve import uvicorn_config
+
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, self.port))
         self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
-            self.app, log_level="warning", access_log=False, lifespan=self.lifespan, timeout_graceful_shutdown=2
-        )
+        config = uvicorn_config(
+            self.app, self.limits, self.parser, log_level="warning", access_log=False, lifespan=self.lifespan,
+            timeout_graceful_shutdown=2,
+        )  # fmt: skip
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, name=f"server-{self.port}", daemon=True

@@ -1,0 +1,51 @@
+"""What a trainer can train: the checks `atropos api` answers with 422 at POST and `atropos train` applies to
+every group it gets (skipped and counted there, never an exit).
+
+A token id must index the model's embedding: 0 <= id < vocab_size (the API knows vocab_size when the trainer
+registered it: our trainer sends `vocab_size` with `POST /register`; Atropos' trainers do not, and then only
+negative ids are refused). Scores, advantages and log-probs must be finite (JSON cannot carry NaN/Infinity) and
+at most `MAX_ABS_VALUE` in magnitude: a reward of 1e308 is finite but its square, which the advantage's
+variance needs, is not, and fp32 training overflows long before.
+"""
+
+from __future__ import annotations
+
+import math
+
+from atropos_cli.types import ScoredGroup
+
+__all__ = ["MAX_ABS_VALUE", "untrainable"]
+
+MAX_ABS_VALUE = 1e6
+"""Largest |score|, |advantage| and |log-prob| a group may carry (rewards are usually within ±10)."""
+
+
+def _token_problem(group: ScoredGroup, vocab_size: int | None) -> str | None:
+    for i, tokens in enumerate(group.tokens):
+        if not tokens:
+            continue
+        low, high = min(tokens), max(tokens)
+        if low < 0:
+            return f"rollout {i}: token id {low} is negative"
+        if vocab_size is not None and high >= vocab_size:
+            return f"rollout {i}: token id {high} is outside the trainer's vocabulary (0..{vocab_size - 1})"
+    return None
+
+
+def _value_problem(name: str, values: list[float], rollout: int | None = None) -> str | None:
+    for value in values:
+        if not math.isfinite(value) or abs(value) > MAX_ABS_VALUE:
+            where = f"rollout {rollout}: " if rollout is not None else ""
+            return f"{where}{name} {value!r} is outside ±{MAX_ABS_VALUE:g}"
+    return None
+
+
+def untrainable(group: ScoredGroup, vocab_size: int | None = None) -> str | None:
+    """Why no trainer could train `group` (one line naming the rollout), or None when it can."""
+    problem = _token_problem(group, vocab_size) or _value_problem("score", group.scores)
+    for name in ("advantages", "ref_logprobs", "inference_logprobs", "distill_logprobs"):
+        rows = getattr(group, name, None) or []
+        for i, row in enumerate(rows):
+            flat = [v for item in row for v in (item if isinstance(item, list) else [item])] if row else []
+            problem = problem or _value_problem(name, flat, i)
+    return problem

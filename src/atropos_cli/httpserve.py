@@ -1,0 +1,337 @@
+"""How every uvicorn server we run (`atropos api`, `atropos inference`, the fake inference server) holds against
+slow or hostile clients: the limits on a connection before a request reaches the app.
+
+uvicorn alone waits forever for a request's headers (a half-open connection, or one byte every few seconds:
+slowloris), accepts any number of headers of any size with httptools, and takes connections until the process
+runs out of file descriptors. `HttpLimits` adds, on uvicorn's own HTTP protocols (httptools when installed,
+else h11):
+
+- a header deadline: from the moment a connection opens, or a new request's first byte arrives, its request
+  line and headers must be complete within `header_timeout_s`, and then its body within `body_timeout_s`,
+  else the connection is closed (the time the app takes to answer is not limited);
+- `max_header_bytes` (request line + headers) and `max_headers`: past either, 431 and the connection closes;
+- idle keep-alive connections close after `keep_alive_s` (uvicorn's `timeout_keep_alive`);
+- at most `max_connections` open connections: one more is closed at once (never a hang for the ones held);
+  the soft file-descriptor limit is raised to the hard one, and the cap lowered below it if need be, so the
+  cap, not EMFILE, is what binds.
+
+`uvicorn_config(app, limits, ...)` builds the `uvicorn.Config`; `serve(app, host, port, limits)` runs it in the
+foreground (the CLI). uvicorn is imported inside the functions: `atropos --help` never loads it.
+`GuardedHTTPServer` / `GuardedHandler` give the stdlib server of `atropos view --serve` the same guard
+(`httpguard.refusal`), header deadline and connection cap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import resource
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from atropos_cli.httpguard import HostPolicy, refusal
+
+__all__ = [
+    "HttpLimits", "LIMIT_FLAGS", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
+]  # fmt: skip
+
+LIMIT_FLAGS = {
+    "header_timeout_s": "--header-timeout",
+    "body_timeout_s": "--body-timeout",
+    "keep_alive_s": "--keep-alive",
+}
+
+
+class HttpLimits(BaseModel):
+    """Per-connection limits of a server (the CLI's --header-timeout, --max-connections, ...)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    header_timeout_s: float = Field(default=10.0, gt=0)
+    """Seconds a request's line and headers may take to arrive; then the connection is closed."""
+    body_timeout_s: float = Field(default=60.0, gt=0)
+    """Seconds a request's body may take to arrive once its headers are in; then the connection is closed."""
+    keep_alive_s: int = Field(default=5, ge=1)
+    """Seconds an idle keep-alive connection stays open between requests."""
+    max_header_bytes: int = Field(default=65_536, ge=1024)
+    """Largest request line + headers (bytes); past it 431."""
+    max_headers: int = Field(default=100, ge=8)
+    """Most header lines in one request; past it 431."""
+    max_connections: int = Field(default=1000, ge=1)
+    """Most open connections; one more is closed at once."""
+
+
+class _Refused(Exception):
+    """Why a request's head was refused (431), raised from the parser's callbacks."""
+
+
+def _raise_fd_limit(wanted: int) -> int:
+    """Raise the soft RLIMIT_NOFILE towards the hard one; returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, wanted + 1024)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def protocol_class(limits: HttpLimits, parser: str = "auto") -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol (`parser` "auto": httptools if installed, else h11) with `limits` enforced."""
+    if parser == "h11":
+        return _h11_class(limits)
+    try:
+        import httptools  # noqa: F401
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as Base
+    except ImportError:
+        return _h11_class(limits)
+    return _httptools_class(Base, limits)
+
+
+def _refusal_bytes(message: str) -> bytes:
+    body = message.encode()
+    head = "HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-type: text/plain; charset=utf-8\r\n"
+    return head.encode() + f"content-length: {len(body)}\r\nconnection: close\r\n\r\n".encode() + body
+
+
+class _Deadline:
+    """The mixin both protocols share: the head and body deadlines and the connection cap."""
+
+    limits: HttpLimits
+    transport: Any
+    loop: Any
+    connections: set[Any]
+    _timer: asyncio.TimerHandle | None = None
+    _timer_phase: str | None = None
+    _refused: str | None = None
+
+    def _phase(self) -> str | None:
+        """ "head" while a request's line and headers are arriving, "body" while its body is, else None (the
+        app is answering, or the connection is idle between requests: uvicorn's keep-alive timer's job)."""
+        raise NotImplementedError
+
+    def connection_made(self, transport: Any) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        if len(self.connections) > self.limits.max_connections:
+            transport.close()
+            return
+        self._sync_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def data_received(self, data: bytes) -> None:
+        if self._refused is not None:
+            return  # the 431 is on its way and the connection closing: read nothing more
+        super().data_received(data)  # type: ignore[misc]
+        self._sync_timer()
+
+    def send_400_response(self, msg: str) -> None:
+        if self._refused is None:
+            super().send_400_response(msg)  # type: ignore[misc]
+            return
+        if not self.transport.is_closing():
+            self.transport.write(_refusal_bytes(self._refused))
+            self.transport.close()
+
+    def _refuse(self, message: str) -> None:
+        self._refused = message
+
+    def _sync_timer(self) -> None:
+        """One deadline per phase: started when the phase begins, kept while it lasts, dropped when it ends."""
+        phase = None if self.transport.is_closing() else self._phase()
+        if phase == self._timer_phase:
+            return
+        self._disarm()
+        if phase is not None:
+            seconds = self.limits.header_timeout_s if phase == "head" else self.limits.body_timeout_s
+            self._timer, self._timer_phase = self.loop.call_later(seconds, self._expire), phase
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._timer_phase = None
+
+    def _expire(self) -> None:
+        phase = self._timer_phase
+        self._timer = self._timer_phase = None
+        if phase is not None and self._phase() == phase and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _httptools_class(base: type[Any], limits: HttpLimits) -> type[asyncio.Protocol]:
+    import httptools
+
+    class Protocol(_Deadline, base):  # type: ignore[misc, valid-type]
+        _reading: str | None = "head"
+        _head_bytes = 0
+        _head_count = 0
+
+        def _phase(self) -> str | None:
+            return self._reading
+
+        def on_message_begin(self) -> None:
+            self._reading, self._head_bytes, self._head_count = "head", 0, 0
+            super().on_message_begin()
+
+        def _grow(self, size: int, count: int = 0) -> None:
+            self._head_bytes += size
+            self._head_count += count
+            if self._head_bytes > limits.max_header_bytes:
+                self._refuse(f"request headers are over {limits.max_header_bytes} bytes")
+            elif self._head_count > limits.max_headers:
+                self._refuse(f"request has more than {limits.max_headers} headers")
+            if self._refused is not None:
+                raise httptools.HttpParserCallbackError(self._refused)
+
+        def on_url(self, url: bytes) -> None:
+            self._grow(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._grow(len(name) + len(value) + 4, 1)
+            super().on_header(name, value)
+
+        def on_headers_complete(self) -> None:
+            self._reading = "body"
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._reading = None
+            super().on_message_complete()
+
+    Protocol.limits = limits
+    return Protocol
+
+
+def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class _CountingConnection:
+        """h11's connection, refusing a request with too many header lines (its size is h11's own limit)."""
+
+        def __init__(self, conn: Any, owner: Any) -> None:
+            self._conn, self._owner = conn, owner
+
+        def next_event(self) -> Any:
+            event = self._conn.next_event()
+            if isinstance(event, h11.Request) and len(event.headers) > limits.max_headers:
+                self._owner._refuse(f"request has more than {limits.max_headers} headers")
+                raise h11.RemoteProtocolError("too many headers", 431)
+            return event
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._conn, name)
+
+    class Protocol(_Deadline, H11Protocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.conn = _CountingConnection(self.conn, self)  # type: ignore[assignment]
+
+        def _phase(self) -> str | None:
+            state = self.conn.their_state
+            return "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
+
+    Protocol.limits = limits
+    return Protocol
+
+
+def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "auto", **kwargs: Any) -> Any:
+    """A `uvicorn.Config` for `app` with `limits` (default `HttpLimits()`) on `parser` ("auto", "h11");
+    `kwargs` go to uvicorn as they are."""
+    import uvicorn
+
+    limits = limits or HttpLimits()
+    soft = _raise_fd_limit(limits.max_connections)
+    if soft != resource.RLIM_INFINITY and limits.max_connections > soft - 64:
+        # the cap must bind before EMFILE does: keep 64 descriptors for the store, the model and the logs
+        limits = limits.model_copy(update={"max_connections": max(8, soft - 64)})
+    return uvicorn.Config(
+        app,
+        http=protocol_class(limits, parser),
+        h11_max_incomplete_event_size=limits.max_header_bytes,
+        timeout_keep_alive=limits.keep_alive_s,
+        **kwargs,
+    )
+
+
+def serve(app: Any, host: str, port: int, limits: HttpLimits | None = None, log_level: str = "warning") -> None:
+    """Run `app` on host:port in the foreground with `limits` (what `uvicorn.run` does, plus the limits)."""
+    import uvicorn
+
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level=log_level)).run()
+
+
+class GuardedHTTPServer(ThreadingHTTPServer):
+    """The stdlib threaded server (`atropos view --serve`) with the same guard and limits as the uvicorn ones:
+    `httpguard.refusal` on every request, the header deadline and the connection cap of `limits`; the stdlib
+    itself refuses a header line over 64 KiB or more than 100 headers with 431. Handlers subclass
+    `GuardedHandler`."""
+
+    daemon_threads = True
+
+    def __init__(
+        self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler], limits: HttpLimits | None = None,
+        hosts: HostPolicy | None = None,
+    ) -> None:  # fmt: skip
+        self.limits = limits or HttpLimits()
+        self.hosts = hosts or HostPolicy(address[0])
+        self._open, self._open_lock = 0, threading.Lock()
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._open_lock:
+            full = self._open >= self.limits.max_connections
+            self._open += 0 if full else 1
+        if full:
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self._open_lock:
+                self._open -= 1
+
+
+class GuardedHandler(BaseHTTPRequestHandler):
+    """Closes the connection when a request's head is not in within the deadline; refuses what `httpguard`
+    refuses (a foreign Host, a cross-site page) before `do_GET` runs."""
+
+    server: GuardedHTTPServer
+
+    def handle_one_request(self) -> None:
+        timer = threading.Timer(self.server.limits.header_timeout_s, self._expire)
+        timer.daemon = True
+        self._timer = timer
+        timer.start()
+        try:
+            super().handle_one_request()
+        finally:
+            timer.cancel()
+
+    def _expire(self) -> None:
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        self._timer.cancel()
+        if not ok:
+            return False
+        headers = {name.lower(): value for name, value in self.headers.items()}
+        refused = refusal(self.command or "GET", headers, self.server.hosts)
+        if refused is not None:
+            self.send_error(refused[0], refused[1], refused[2])
+            return False
+        return True
