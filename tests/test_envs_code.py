@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from atropos_cli.env.registry import resolve_env
-from atropos_cli.env.sandbox import SandboxLimits, SandboxWarning, isolation, run_python, run_python_async
+from atropos_cli.env.sandbox import SandboxLimits, isolation, run_python, run_python_async
+from atropos_cli.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
 FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
@@ -24,6 +25,7 @@ FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n     
 def make_env(**config):
     cls = resolve_env("code")
     base, _ = cls.config_init()
+    config.setdefault("allow_unisolated", isolation() != "bwrap")  # the judge logic is tested in any mode
     return cls(base.model_copy(update=config), server=None)
 
 
@@ -35,7 +37,7 @@ def test_sandbox_runs_code_in_a_temp_dir():
     result = run_python("import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())")
     assert result.ok and result.stdout.splitlines()[1] == "x"
     cwd = result.stdout.splitlines()[0]
-    assert cwd == "/sandbox" if result.isolation == "bwrap" else "atropos-sandbox-" in cwd
+    assert cwd == "/sandbox" and result.isolation == "bwrap" or isolation() != "bwrap"
 
 
 def test_sandbox_kills_an_infinite_loop_at_the_time_limit():
@@ -95,8 +97,6 @@ def test_code_mbpp_style_loader(tmp_path):
     assert "assert add(2, 3) == 5" in env.prompt(items[0])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\n')
-    from atropos_cli.errors import ConfigError
-
     with pytest.raises(ConfigError, match="'text', 'test_list'"):
         list(make_env(data_path=str(bad)).items("eval"))
 
@@ -299,32 +299,33 @@ def test_bwrap_sandbox_blocks_ctypes_fork_exec_home_writes_host_sockets_and_orph
         server.close()
 
 
-def test_fallback_without_namespaces_warns_what_is_not_isolated(monkeypatch, host_paths):
+def test_fallback_without_namespaces_runs_only_when_allowed_and_keeps_the_limits(monkeypatch):
     monkeypatch.setenv("ATROPOS_SANDBOX", "none")
     isolation.cache_clear()
     try:
-        with pytest.warns(SandboxWarning, match="write files anywhere.*host unix sockets.*run a shell.*forked"):
-            assert isolation() == "none"
-        result = run_python("print('still limited')", SandboxLimits(timeout_s=5))
+        assert isolation() == "none"
+        with pytest.raises(ConfigError, match="needs bubblewrap"):
+            run_python("print('refused')")
+        allowed = SandboxLimits(timeout_s=5, allow_unisolated=True)
+        result = run_python("print('still limited')", allowed)
         assert result.ok and result.isolation == "none"
-        hook = run_python("import socket\nsocket.socket()")
+        hook = run_python("import socket\nsocket.socket()", allowed)
         assert "not allowed" in hook.stderr  # the audit hook still refuses the obvious routes
     finally:
         isolation.cache_clear()
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare here")
-def test_unshare_fallback_blocks_network_and_orphans_and_warns_about_files(monkeypatch, host_paths):
+def test_unshare_fallback_blocks_network_and_orphans(monkeypatch, host_paths):
     home_file, sock_path = host_paths
     monkeypatch.setenv("ATROPOS_SANDBOX", "unshare")
     isolation.cache_clear()
     try:
-        with pytest.warns(SandboxWarning, match="filesystem is writable"):
-            mode = isolation()
-        if mode != "unshare":
+        if isolation() != "unshare":
             pytest.skip("user namespaces are not allowed here")
-        result = run_python(_escape_code(home_file, sock_path))
+        result = run_python(_escape_code(home_file, sock_path), SandboxLimits(allow_unisolated=True))
         assert result.isolation == "unshare" and result.ok, result.stderr
+        assert "connect -1" in result.stdout  # own network namespace: no host abstract sockets either
         assert not _wait_for_orphan(home_file.with_suffix(".txt.orphan"))  # the pid namespace ended
     finally:
         isolation.cache_clear()

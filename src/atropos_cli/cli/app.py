@@ -131,9 +131,11 @@ def _root(
     ),
 ) -> None:
     """Rollouts, scored datasets and a GRPO loop for RL with LLMs: offline-first."""
+    from atropos_cli.cli.common import route_warnings
     from atropos_cli.quiet import quiet_third_party
 
     quiet_third_party(verbose)
+    route_warnings()
 
 
 def main() -> None:
