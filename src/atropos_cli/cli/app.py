@@ -33,7 +33,7 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "port": LazyCommand(
         "atropos_cli.cli.port",
-        "Check an Atropos env file: what it uses that we lack, then one group on the shipped local model.",
+        "Check an Atropos env file without running it: what it uses that we lack (read from its source).",
     ),
     "view": LazyCommand(
         "atropos_cli.cli.view",
