@@ -16,6 +16,7 @@ import pytest
 
 from atropos_cli.env.registry import resolve_env
 from atropos_cli.env.sandbox import SandboxLimits, isolation, run_python, run_python_async
+from atropos_cli.envs._shared.data import BUNDLED_DATA
 from atropos_cli.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
@@ -104,7 +105,6 @@ def test_code_mbpp_style_loader(tmp_path):
 def test_bundled_problems_pass_with_their_reference_solutions():
     import json
 
-    from atropos_cli.envs._shared.data import BUNDLED_DATA
 
     env = make_env()
     rows = [json.loads(line) for line in (BUNDLED_DATA / "code_problems.jsonl").open()]
@@ -154,6 +154,24 @@ FORGERIES = {
         "    globals()[_name] = (lambda n: lambda *a: eval(\n"
         "        _table.get(n + '(' + ', '.join(map(repr, a)) + ')', 'object()')))(_name)\n"
     ),
+    "looks the answers up in the installed answer key": _NAMES
+    + (
+        "import os\n"
+        "_paths = [" + repr(str(BUNDLED_DATA / "code_problems.jsonl")) + "]\n"
+        "for _root, _dirs, _files in os.walk('/'):\n"
+        "    _dirs[:] = [d for d in _dirs if d not in ('proc', 'sys', 'dev')]\n"
+        "    _paths += [os.path.join(_root, f) for f in _files if f.endswith('.jsonl')]\n"
+        "_text = ''\n"
+        "for _p in _paths:\n"
+        "    try:\n"
+        "        _text += open(_p, errors='ignore').read()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "_table = {c: e for c, e in re.findall(r'assert (\\w+\\(.*?\\)) == (.*?)\"', _text)}\n"
+        "for _name in _names:\n"
+        "    globals()[_name] = (lambda n: lambda *a: eval(\n"
+        "        _table.get(n + '(' + ', '.join(map(repr, a)) + ')', 'object()')))(_name)\n"
+    ),
     "exits early after printing fake result rows": (
         "import json, os\n"
         "for _fd in [1] + [int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2]:\n"
@@ -173,6 +191,19 @@ def test_forged_completions_score_zero_on_every_problem(name):
     completion = f"```python\n{FORGERIES[name]}```"
     scores = {item["id"]: env.reward(completion, item)["score"] for item in env.items("eval")}
     assert set(scores.values()) == {0.0}, scores
+
+
+def test_the_answer_key_forgery_works_where_the_files_are_in_reach(monkeypatch):
+    """Why the fallbacks need an explicit opt-in: without bubblewrap the answer key is readable (README)."""
+    monkeypatch.setenv("ATROPOS_SANDBOX", "none")
+    isolation.cache_clear()
+    try:
+        env = make_env(allow_unisolated=True)
+        item = item_named(env, "fib")
+        forged = FORGERIES["looks the answers up in the installed answer key"].replace("os.walk('/')", "[]")
+        assert env.reward(f"```python\n{forged}```", item)["score"] == 1.0
+    finally:
+        isolation.cache_clear()
 
 
 def test_process_code_with_forged_completions_writes_mean_score_zero(fake_server, tmp_path):
