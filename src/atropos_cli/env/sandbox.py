@@ -68,8 +68,8 @@ NOT_ISOLATED: dict[Isolation, str] = {
     "socket files and run a shell and other programs; it runs as uid 65534 when atropos runs as root, else as "
     "you (your home writable)",
     "none": "nothing is isolated: it runs as you, reads and writes your files (the code env's hidden tests "
-    "included), reaches the network and host sockets through ctypes, runs a shell and can leave processes and "
-    "files behind",
+    "included), reaches the network and host sockets through ctypes, runs a shell, writes past memory_mb to "
+    "disk and /dev/shm, and can leave processes and files behind",
 }
 
 
