@@ -238,6 +238,9 @@ def _kill_group(pid: int) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+_WHY_NOT: dict[str, str] = {}  # mode -> why it did not run here (for the error and warning lines)
+
+
 @functools.cache
 def isolation() -> Isolation:
     """The strongest isolation that runs a program on this machine, probed once per process (env
@@ -245,20 +248,31 @@ def isolation() -> Isolation:
     wanted = os.environ.get("ATROPOS_SANDBOX", "bwrap")
     order: list[Isolation] = ["bwrap", "unshare", "none"]
     start = order.index(wanted) if wanted in order else 0  # type: ignore[arg-type]
+    _WHY_NOT.clear()
+    for mode in order[:start]:
+        _WHY_NOT[mode] = f"ATROPOS_SANDBOX={wanted} skips it"
     if not sys.platform.startswith("linux"):
+        _WHY_NOT.setdefault("bwrap", "not Linux")
         return "none"
     for mode in order[start:-1]:
-        if shutil.which(mode) and _probe(mode):
+        if _probe(mode):
             return mode
     return "none"
 
 
 def _probe(mode: Isolation) -> bool:
+    if shutil.which(mode) is None:
+        _WHY_NOT[mode] = f"{mode} is not installed"
+        return False
     try:
         result = _execute(mode, "print('ok')", SandboxLimits(timeout_s=10), "", None)
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        _WHY_NOT[mode] = f"{type(exc).__name__}: {exc}"[:300]
         return False
-    return result.ok and result.stdout.strip() == "ok"
+    if result.ok and result.stdout.strip() == "ok":
+        return True
+    _WHY_NOT[mode] = ((result.stderr.strip().splitlines() or [""])[-1] or f"exit status {result.returncode}")[:300]
+    return False
 
 
 def require_isolation(allow_unisolated: bool) -> Isolation:
@@ -266,8 +280,8 @@ def require_isolation(allow_unisolated: bool) -> Isolation:
     mode = isolation()
     if mode != "bwrap" and not allow_unisolated:
         raise ConfigError(
-            f"the code sandbox needs bubblewrap, which cannot run here; the '{mode}' fallback leaves gaps: "
-            f"{NOT_ISOLATED[mode]}",
+            f"the code sandbox needs bubblewrap, which cannot run here ({_WHY_NOT.get('bwrap', 'unknown')}); "
+            f"the '{mode}' fallback leaves gaps: {NOT_ISOLATED[mode]}",
             hint="install bubblewrap (apt-get install bubblewrap) and allow user namespaces, or accept the gaps "
             "with --env.allow_unisolated true",
         )
