@@ -106,7 +106,7 @@ def test_code_env_refuses_fallback_isolation_unless_allowed(monkeypatch):
         assert "--env.allow_unisolated" in (refused.value.hint or "")
         with pytest.raises(ConfigError):
             run_python("print(1)")  # the library refuses too, for any caller
-        with pytest.warns(SandboxWarning, match="reads and writes your files.*hidden tests.*shell"):
+        with pytest.warns(SandboxWarning, match="reads and writes your files.*hidden tests.*network"):
             cls.check_config(base.model_copy(update={"allow_unisolated": True}))
     finally:
         isolation.cache_clear()
@@ -224,6 +224,46 @@ def test_host_proc_and_shadow_are_out_of_reach(mode):
     assert os.getpid() not in json.loads(pids) and max(json.loads(pids)) < 10, pids
     if os.path.exists("/etc/shadow"):
         assert shadow != "shadow read"
+
+
+# ---- no new process, no exec, no SysV memory (seccomp), few descriptors: memory_mb is not multiplied ----
+SYSCALLS = """\
+import ctypes, json, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+out = {}
+pid = libc.fork()
+if pid == 0:
+    os._exit(0)
+out["fork"] = pid
+out["shmget"] = libc.shmget(0, 1 << 20, 0o1000 | 0o600)
+out["msgget"] = libc.msgget(0, 0o1000 | 0o600)
+out["execv"] = libc.execv(sys.executable.encode(), None)
+fds = []
+try:
+    while len(fds) < 500:
+        fds.append(os.memfd_create("m"))
+except OSError:
+    pass
+out["memfds"] = len(fds)
+for fd in fds:
+    os.close(fd)
+done = []
+thread = threading.Thread(target=lambda: done.append(1))
+thread.start()
+thread.join()
+out["thread"] = done
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="seccomp numbers only for x86_64/aarch64")
+@pytest.mark.parametrize("mode", ["bwrap", "unshare", "none"], indirect=True)
+def test_fork_exec_and_sysv_memory_are_refused_threads_still_run(mode):
+    result = run_python(SYSCALLS, OPT_IN)
+    assert result.ok, result.stderr
+    out = json.loads(result.stdout)
+    assert out["fork"] == out["shmget"] == out["msgget"] == out["execv"] == -1, out
+    assert out["memfds"] < 64 and out["thread"] == [1]
 
 
 # ---- 7: memory_mb bounds the tmpfs; without bubblewrap nothing stays in the host's /tmp or /dev/shm ----

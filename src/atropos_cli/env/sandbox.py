@@ -12,15 +12,17 @@ Isolation, chosen once per process by `isolation()` (the strongest that works he
   `/var/tmp` and `/dev/shm`; as root the program runs as uid 65534, else as root of a user namespace with no
   capabilities; a trusted pid 1 (`sandbox_child`) so whatever it forks dies at the end. The host's files stay
   readable (the code env's hidden tests included), so the code env refuses it unless allowed.
-- `none`: only the rlimits and the audit hook.
+- `none`: only what every mode gets (below).
 
 `run_python` refuses a mode weaker than bwrap unless `SandboxLimits.allow_unisolated`; `NOT_ISOLATED` names
 every gap left by each mode (the code env prints it as one warning line). In every mode the child gets: a
 wall-clock limit (the process group is SIGKILLed at `timeout_s`), RLIMIT_CPU as a backstop, RLIMIT_AS at
-`memory_mb`, RLIMIT_FSIZE at the output cap, and an audit hook refusing sockets, subprocesses, fork and exec
-through Python's own APIs. Its files arrive through a descriptor it reads once (no host path), and its stdout
-and stderr are pipes this process owns and reads up to `max_output_bytes` each: the parent never opens a file
-the sandboxed code could have replaced.
+`memory_mb`, RLIMIT_FSIZE at the output cap, 64 descriptors, an audit hook refusing sockets, subprocesses,
+fork and exec through Python's own APIs, and a seccomp filter (x86_64, aarch64) refusing them to ctypes too:
+no new process (threads are fine), no exec, no SysV shared memory or message queues, so neither a fork bomb
+nor memory outside RLIMIT_AS multiplies `memory_mb`. Its files arrive through a descriptor it reads once (no
+host path), and its stdout and stderr are pipes this process owns and reads up to `max_output_bytes` each: the
+parent never opens a file the sandboxed code could have replaced.
 """
 
 from __future__ import annotations
@@ -61,15 +63,16 @@ Isolation = Literal["bwrap", "unshare", "none"]
 _CHILD = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8")
 _UNSHARE_DIR = "/tmp/sandbox"  # the work dir inside the unshare mode's private /tmp
 
+_SECCOMP_MACHINES = ("x86_64", "aarch64")  # sandbox_child's syscall tables
+_NO_SECCOMP = "" if os.uname().machine in _SECCOMP_MACHINES else "; no seccomp filter here: it runs programs and forks"
 NOT_ISOLATED: dict[Isolation, str] = {
     "bwrap": "",
     "unshare": "it can read every file the host lets its user read (installed packages and the code env's "
-    "hidden tests included), write where that user can outside /tmp, /var/tmp and /dev/shm, reach host unix "
-    "socket files and run a shell and other programs; it runs as uid 65534 when atropos runs as root, else as "
-    "you (your home writable)",
-    "none": "nothing is isolated: it runs as you, reads and writes your files (the code env's hidden tests "
-    "included), reaches the network and host sockets through ctypes, runs a shell, writes past memory_mb to "
-    "disk and /dev/shm, and can leave processes and files behind",
+    "hidden tests included), write where that user can outside /tmp, /var/tmp and /dev/shm, and reach host unix "
+    "socket files; it runs as uid 65534 when atropos runs as root, else as you (your home writable)" + _NO_SECCOMP,
+    "none": "nothing is isolated but the limits and the seccomp filter: it runs as you, reads and writes your "
+    "files (the code env's hidden tests included), reaches the network and host sockets through ctypes, writes "
+    "past memory_mb to disk and /dev/shm and leaves those files behind" + _NO_SECCOMP,
 }
 
 

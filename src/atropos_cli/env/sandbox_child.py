@@ -8,7 +8,7 @@ of it stays on a path. Under `unshare` it then finishes the namespace as its roo
 non-traversable parent such as a 0700 home first), as root of a user namespace it drops every capability (so
 the mounts cannot be undone); and it stays as a trusted pid 1 that only waits, running the program in its
 child (a program that clears its parent-death signal and calls setsid() still dies with pid 1). Then it writes
-the files into the work dir, sets the rlimits, installs the audit hook and runs main.py.
+the files into the work dir, sets the rlimits, installs the seccomp filter and the audit hook and runs main.py.
 """
 
 import ctypes
@@ -20,7 +20,7 @@ import sys
 
 NOBODY = 65534
 MS_NOSUID, MS_NODEV, MS_BIND, MS_MOVE, MS_REC = 2, 4, 4096, 8192, 16384
-PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS = 24, 38
+PR_CAPBSET_DROP, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP, SECCOMP_MODE_FILTER = 24, 38, 22, 2
 BLOCKED = (
     "socket.__new__", "socket.connect", "socket.bind", "socket.getaddrinfo", "subprocess.Popen", "os.system",
     "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "os.forkpty", "pty.spawn", "resource.setrlimit",
@@ -114,12 +114,73 @@ def enter_namespace(bundle):
     os._exit(code if code >= 0 else 128 - code)  # pid 1 cannot kill itself with the signal: 128 + N
 
 
+# seccomp: the machine's own syscall numbers. Denied: new processes (fork, vfork, clone without CLONE_THREAD;
+# clone3 answers ENOSYS so threads fall back to clone), exec, and SysV shared memory and message queues (memory
+# that RLIMIT_AS does not count); any other syscall ABI (x32, i386 through int 0x80) is denied whole.
+SECCOMP_ARCH = {
+    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "shmget": 29, "msgget": 68,
+                            "clone": 56, "clone3": 435}, 0x40000000),
+    "aarch64": (0xC00000B7, {"execve": 221, "execveat": 281, "shmget": 194, "msgget": 186, "clone": 220,
+                             "clone3": 435}, None),
+}  # fmt: skip
+CLONE_THREAD, ALLOW, DENY, NOSYS = 0x10000, 0x7FFF0000, 0x00050001, 0x00050026  # RET_ERRNO | EPERM / ENOSYS
+
+
+def seccomp_program(machine):
+    """The filter as (code, jt, jf, k) rows, or None on a machine whose numbers are not listed here."""
+    if machine not in SECCOMP_ARCH:
+        return None
+    arch, nr, abi_bit = SECCOMP_ARCH[machine]
+    denied = [nr[n] for n in ("fork", "vfork", "execve", "execveat", "shmget", "msgget") if n in nr]
+    rows = [("ld", 4), ("jeq", arch, 1, 0), ("ret", DENY), ("ld", 0)]
+    if abi_bit is not None:
+        rows.append(("jge", abi_bit, "deny", 0))
+    rows += [("jeq", n, "deny", 0) for n in denied]
+    rows += [("jeq", nr["clone3"], "nosys", 0), ("jeq", nr["clone"], "clone", 0), ("ret", ALLOW)]
+    rows += [("label", "clone"), ("ld", 16), ("and", CLONE_THREAD), ("jeq", 0, "deny", 0), ("ret", ALLOW)]
+    rows += [("label", "deny"), ("ret", DENY), ("label", "nosys"), ("ret", NOSYS)]
+    labels, program = {}, []
+    for row in rows:
+        if row[0] == "label":
+            labels[row[1]] = len(program)
+        else:
+            program.append(row)
+    codes = {"ld": 0x20, "jeq": 0x15, "jge": 0x35, "and": 0x54, "ret": 0x06}
+    out = []
+    for i, row in enumerate(program):
+        jt, jf = (row[2], row[3]) if row[0] in ("jeq", "jge") else (0, 0)
+        jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
+        out.append((codes[row[0]], jt, jf, row[1]))
+    return out
+
+
+def install_seccomp():
+    program = seccomp_program(os.uname().machine)
+    if program is None:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    class Filter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+
+    filters = (Filter * len(program))(*(Filter(*row) for row in program))
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 or libc.prctl(
+        PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(Program(len(program), filters)), 0, 0
+    ):
+        raise OSError(ctypes.get_errno(), "sandbox: could not install the seccomp filter")
+
+
 def set_limits(limits):
     memory, cpu, output = limits
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (output, output))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))  # memfds: at most 64 files of the output cap
+    install_seccomp()
 
     def hook(event, args):
         if event in BLOCKED:
