@@ -106,7 +106,7 @@ def test_code_env_refuses_fallback_isolation_unless_allowed(monkeypatch):
         assert "--env.allow_unisolated" in (refused.value.hint or "")
         with pytest.raises(ConfigError):
             run_python("print(1)")  # the library refuses too, for any caller
-        with pytest.warns(SandboxWarning, match="reads and writes your files.*hidden tests.*network"):
+        with pytest.warns(SandboxWarning, match="reads and writes your files.*hidden tests.*memory_mb"):
             cls.check_config(base.model_copy(update={"allow_unisolated": True}))
     finally:
         isolation.cache_clear()
@@ -226,7 +226,7 @@ def test_host_proc_and_shadow_are_out_of_reach(mode):
         assert shadow != "shadow read"
 
 
-# ---- no new process, no exec, no SysV memory (seccomp), few descriptors: memory_mb is not multiplied ----
+# ---- seccomp in every mode: no new process, exec, socket, ptrace, signal to others or SysV memory ----
 SYSCALLS = """\
 import ctypes, json, os, sys, threading
 libc = ctypes.CDLL(None, use_errno=True)
@@ -238,6 +238,12 @@ out["fork"] = pid
 out["shmget"] = libc.shmget(0, 1 << 20, 0o1000 | 0o600)
 out["msgget"] = libc.msgget(0, 0o1000 | 0o600)
 out["execv"] = libc.execv(sys.executable.encode(), None)
+out["socket"] = libc.socket(2, 1, 0)  # AF_INET: the network in the none mode
+out["unix socket"] = libc.socket(1, 1, 0)
+out["kill -1"] = libc.kill(-1, 0)  # every process the user owns (all of them as root)
+out["ptrace"] = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH
+out["io_uring"] = libc.syscall(425, 1, None)
+out["kill self"] = libc.kill(os.getpid(), 0)
 fds = []
 try:
     while len(fds) < 500:
@@ -258,12 +264,13 @@ print(json.dumps(out))
 
 @pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="seccomp numbers only for x86_64/aarch64")
 @pytest.mark.parametrize("mode", ["bwrap", "unshare", "none"], indirect=True)
-def test_fork_exec_and_sysv_memory_are_refused_threads_still_run(mode):
+def test_processes_exec_sockets_signals_and_sysv_memory_are_refused_threads_still_run(mode):
     result = run_python(SYSCALLS, OPT_IN)
     assert result.ok, result.stderr
     out = json.loads(result.stdout)
-    assert out["fork"] == out["shmget"] == out["msgget"] == out["execv"] == -1, out
-    assert out["memfds"] < 64 and out["thread"] == [1]
+    refused = ("fork", "shmget", "msgget", "execv", "socket", "unix socket", "kill -1", "ptrace", "io_uring")
+    assert {name: out[name] for name in refused} == dict.fromkeys(refused, -1)
+    assert out["kill self"] == 0 and out["memfds"] < 64 and out["thread"] == [1]
 
 
 # ---- 7: memory_mb bounds the tmpfs; without bubblewrap nothing stays in the host's /tmp or /dev/shm ----

@@ -19,8 +19,9 @@ every gap left by each mode (the code env prints it as one warning line). In eve
 wall-clock limit (the process group is SIGKILLed at `timeout_s`), RLIMIT_CPU as a backstop, RLIMIT_AS at
 `memory_mb`, RLIMIT_FSIZE at the output cap, 64 descriptors, an audit hook refusing sockets, subprocesses,
 fork and exec through Python's own APIs, and a seccomp filter (x86_64, aarch64) refusing them to ctypes too:
-no new process (threads are fine), no exec, no SysV shared memory or message queues, so neither a fork bomb
-nor memory outside RLIMIT_AS multiplies `memory_mb`. Its files arrive through a descriptor it reads once (no
+no new process (threads are fine), no exec, no socket, no io_uring, no ptrace, no signal to another process,
+no SysV shared memory or message queues, so neither a fork bomb nor memory outside RLIMIT_AS multiplies
+`memory_mb`, and the fallbacks reach no network. Its files arrive through a descriptor it reads once (no
 host path), and its stdout and stderr are pipes this process owns and reads up to `max_output_bytes` each: the
 parent never opens a file the sandboxed code could have replaced.
 """
@@ -64,15 +65,17 @@ _CHILD = (Path(__file__).parent / "sandbox_child.py").read_text(encoding="utf-8"
 _UNSHARE_DIR = "/tmp/sandbox"  # the work dir inside the unshare mode's private /tmp
 
 _SECCOMP_MACHINES = ("x86_64", "aarch64")  # sandbox_child's syscall tables
-_NO_SECCOMP = "" if os.uname().machine in _SECCOMP_MACHINES else "; no seccomp filter here: it runs programs and forks"
+_NO_SECCOMP = "; no seccomp filter here: it runs programs, forks and opens sockets"
+if os.uname().machine in _SECCOMP_MACHINES:
+    _NO_SECCOMP = ""
 NOT_ISOLATED: dict[Isolation, str] = {
     "bwrap": "",
     "unshare": "it can read every file the host lets its user read (installed packages and the code env's "
-    "hidden tests included), write where that user can outside /tmp, /var/tmp and /dev/shm, and reach host unix "
-    "socket files; it runs as uid 65534 when atropos runs as root, else as you (your home writable)" + _NO_SECCOMP,
-    "none": "nothing is isolated but the limits and the seccomp filter: it runs as you, reads and writes your "
-    "files (the code env's hidden tests included), reaches the network and host sockets through ctypes, writes "
-    "past memory_mb to disk and /dev/shm and leaves those files behind" + _NO_SECCOMP,
+    "hidden tests included) and write where that user can outside /tmp, /var/tmp and /dev/shm; it runs as uid "
+    "65534 when atropos runs as root, else as you (your home writable)" + _NO_SECCOMP,
+    "none": "it runs as you: it reads and writes your files (the code env's hidden tests included), sees every "
+    "process's command line in /proc, and writes past memory_mb to disk and /dev/shm, leaving those files "
+    "behind" + _NO_SECCOMP,
 }
 
 
@@ -177,7 +180,7 @@ def _execute(
         assert proc.stdout is not None and proc.stderr is not None
         out, err, timed_out = _collect(proc, proc.stdout, proc.stderr, limits)
     returncode = proc.returncode
-    if mode == "unshare" and returncode > 128:  # the child's pid 1 reports a signal as 128 + N
+    if mode != "none" and returncode > 128:  # bwrap's and our pid 1 report a signal as 128 + N
         returncode = 128 - returncode
     stdout, stderr = (b.decode("utf-8", errors="replace") for b in (out, err))
     return SandboxResult(

@@ -115,29 +115,38 @@ def enter_namespace(bundle):
 
 
 # seccomp: the machine's own syscall numbers. Denied: new processes (fork, vfork, clone without CLONE_THREAD;
-# clone3 answers ENOSYS so threads fall back to clone), exec, and SysV shared memory and message queues (memory
-# that RLIMIT_AS does not count); any other syscall ABI (x32, i386 through int 0x80) is denied whole.
+# clone3 answers ENOSYS so threads fall back to clone), exec, sockets, io_uring (it can open sockets past the
+# filter), ptrace and process_vm_*, SysV shared memory and message queues (memory RLIMIT_AS does not count), and
+# signals to any process but itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
 SECCOMP_ARCH = {
-    "x86_64": (0xC000003E, {"fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "shmget": 29, "msgget": 68,
-                            "clone": 56, "clone3": 435}, 0x40000000),
-    "aarch64": (0xC00000B7, {"execve": 221, "execveat": 281, "shmget": 194, "msgget": 186, "clone": 220,
-                             "clone3": 435}, None),
+    "x86_64": (0xC000003E, 0x40000000, {
+        "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41, "io_uring_setup": 425,
+        "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "shmget": 29, "msgget": 68,
+        "tkill": 200, "pidfd_send_signal": 424, "kill": 62, "tgkill": 234, "clone": 56, "clone3": 435,
+    }),
+    "aarch64": (0xC00000B7, None, {
+        "execve": 221, "execveat": 281, "socket": 198, "io_uring_setup": 425, "ptrace": 117,
+        "process_vm_readv": 270, "process_vm_writev": 271, "shmget": 194, "msgget": 186, "tkill": 130,
+        "pidfd_send_signal": 424, "kill": 129, "tgkill": 131, "clone": 220, "clone3": 435,
+    }),
 }  # fmt: skip
 CLONE_THREAD, ALLOW, DENY, NOSYS = 0x10000, 0x7FFF0000, 0x00050001, 0x00050026  # RET_ERRNO | EPERM / ENOSYS
 
 
-def seccomp_program(machine):
+def seccomp_program(machine, pid):
     """The filter as (code, jt, jf, k) rows, or None on a machine whose numbers are not listed here."""
     if machine not in SECCOMP_ARCH:
         return None
-    arch, nr, abi_bit = SECCOMP_ARCH[machine]
-    denied = [nr[n] for n in ("fork", "vfork", "execve", "execveat", "shmget", "msgget") if n in nr]
+    arch, abi_bit, nr = SECCOMP_ARCH[machine]
+    special = ("kill", "tgkill", "clone", "clone3")
     rows = [("ld", 4), ("jeq", arch, 1, 0), ("ret", DENY), ("ld", 0)]
     if abi_bit is not None:
         rows.append(("jge", abi_bit, "deny", 0))
-    rows += [("jeq", n, "deny", 0) for n in denied]
-    rows += [("jeq", nr["clone3"], "nosys", 0), ("jeq", nr["clone"], "clone", 0), ("ret", ALLOW)]
+    rows += [("jeq", number, "deny", 0) for name, number in nr.items() if name not in special]
+    rows += [("jeq", nr["clone3"], "nosys", 0), ("jeq", nr["clone"], "clone", 0)]
+    rows += [("jeq", nr["kill"], "self", 0), ("jeq", nr["tgkill"], "self", 0), ("ret", ALLOW)]
     rows += [("label", "clone"), ("ld", 16), ("and", CLONE_THREAD), ("jeq", 0, "deny", 0), ("ret", ALLOW)]
+    rows += [("label", "self"), ("ld", 16), ("jeq", pid, 0, "deny"), ("ret", ALLOW)]  # arg 0: its own pid only
     rows += [("label", "deny"), ("ret", DENY), ("label", "nosys"), ("ret", NOSYS)]
     labels, program = {}, []
     for row in rows:
@@ -149,13 +158,13 @@ def seccomp_program(machine):
     out = []
     for i, row in enumerate(program):
         jt, jf = (row[2], row[3]) if row[0] in ("jeq", "jge") else (0, 0)
-        jt = labels[jt] - i - 1 if isinstance(jt, str) else jt
+        jt, jf = (labels[j] - i - 1 if isinstance(j, str) else j for j in (jt, jf))
         out.append((codes[row[0]], jt, jf, row[1]))
     return out
 
 
 def install_seccomp():
-    program = seccomp_program(os.uname().machine)
+    program = seccomp_program(os.uname().machine, os.getpid())
     if program is None:
         return
     libc = ctypes.CDLL(None, use_errno=True)
