@@ -39,6 +39,13 @@ def _code_rows(secret: Path, sock: Path, home: Path, token: str) -> dict[str, st
         "lists host processes in /proc": "import os\nprint(sum(p.isdigit() for p in os.listdir('/proc')), 'pids')",
         "imports an installed package (pip)": "import pip\nprint(pip.__file__)",
         "runs /bin/sh through ctypes": "import ctypes\nprint('exit', ctypes.CDLL(None).system(b'/bin/sh -c true'))",
+        "execs /bin/sh through ctypes": "import ctypes\nprint('execv', ctypes.CDLL(None).execv(b'/bin/sh', None))",
+        "forks through ctypes": "import ctypes, os\npid = ctypes.CDLL(None).fork()\nif pid == 0:\n    os._exit(0)\n"
+        "print('fork', pid)",
+        "signals every process (kill(-1, 0))": "import ctypes\nprint('kill', ctypes.CDLL(None).kill(-1, 0))",
+        "SysV shared memory (shmget 16 MB)": (
+            "import ctypes\nprint('shmget', ctypes.CDLL(None).shmget(0, 16 << 20, 0o1600))"
+        ),
         "connects to a host unix socket through ctypes": (
             "import ctypes\nlibc = ctypes.CDLL(None)\ns = libc.socket(1, 1, 0)\n"
             f"a = (b'\\x01\\x00' + {str(sock).encode()!r}).ljust(110, bytes(1))\n"
@@ -64,7 +71,7 @@ def _code_rows(secret: Path, sock: Path, home: Path, token: str) -> dict[str, st
             "            break\n"
             "print(total // 1_000_000, 'MB written')"
         ),
-        "setsid + no death signal, 5 children, past the time limit": (
+        "setsid + no death signal (and 5 forks), past the time limit": (
             "import ctypes, time\nlibc = ctypes.CDLL(None)\nlibc.prctl(1, 0, 0, 0, 0)\nlibc.setsid()\n"
             "for _ in range(5):\n    if libc.fork() == 0:\n        libc.setsid()\n        break\n"
             f"libc.prctl(15, {token[:12]!r}.encode(), 0, 0, 0)\nprint('ready', flush=True)\n"
