@@ -66,7 +66,7 @@ _UNSHARE_DIR = "/tmp/sandbox"  # the work dir inside the unshare mode's private 
 
 _SECCOMP_MACHINES = ("x86_64", "aarch64")  # sandbox_child's syscall tables
 _NO_SECCOMP = "; no seccomp filter here: it runs programs, forks and opens sockets"
-if os.uname().machine in _SECCOMP_MACHINES:
+if sys.platform.startswith("linux") and os.uname().machine in _SECCOMP_MACHINES:
     _NO_SECCOMP = ""
 NOT_ISOLATED: dict[Isolation, str] = {
     "bwrap": "",

@@ -116,18 +116,19 @@ def enter_namespace(bundle):
 
 # seccomp: the machine's own syscall numbers. Denied: new processes (fork, vfork, clone without CLONE_THREAD;
 # clone3 answers ENOSYS so threads fall back to clone), exec, sockets, io_uring (it can open sockets past the
-# filter), ptrace and process_vm_*, SysV shared memory and message queues (memory RLIMIT_AS does not count), and
-# signals to any process but itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
+# filter), ptrace, process_vm_* and pidfd_getfd, SysV shared memory and message queues (memory RLIMIT_AS does
+# not count), and signals to any process but itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
 SECCOMP_ARCH = {
     "x86_64": (0xC000003E, 0x40000000, {
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41, "io_uring_setup": 425,
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "shmget": 29, "msgget": 68,
-        "tkill": 200, "pidfd_send_signal": 424, "kill": 62, "tgkill": 234, "clone": 56, "clone3": 435,
+        "tkill": 200, "pidfd_send_signal": 424, "pidfd_getfd": 438, "kill": 62, "tgkill": 234, "clone": 56,
+        "clone3": 435,
     }),
     "aarch64": (0xC00000B7, None, {
         "execve": 221, "execveat": 281, "socket": 198, "io_uring_setup": 425, "ptrace": 117,
         "process_vm_readv": 270, "process_vm_writev": 271, "shmget": 194, "msgget": 186, "tkill": 130,
-        "pidfd_send_signal": 424, "kill": 129, "tgkill": 131, "clone": 220, "clone3": 435,
+        "pidfd_send_signal": 424, "pidfd_getfd": 438, "kill": 129, "tgkill": 131, "clone": 220, "clone3": 435,
     }),
 }  # fmt: skip
 CLONE_THREAD, ALLOW, DENY, NOSYS = 0x10000, 0x7FFF0000, 0x00050001, 0x00050026  # RET_ERRNO | EPERM / ENOSYS
@@ -165,7 +166,7 @@ def seccomp_program(machine, pid):
 
 def install_seccomp():
     program = seccomp_program(os.uname().machine, os.getpid())
-    if program is None:
+    if program is None or not sys.platform.startswith("linux"):
         return
     libc = ctypes.CDLL(None, use_errno=True)
 
