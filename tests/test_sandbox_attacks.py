@@ -301,3 +301,15 @@ def test_tmpfs_writes_are_bounded_by_memory_mb_and_leave_nothing_on_the_host(mod
     for place in ("/tmp", "/dev/shm", "/var/tmp"):
         if os.path.isdir(place):
             assert not [p for p in os.listdir(place) if token in p], place
+
+
+def test_the_seccomp_program_of_each_machine_jumps_inside_itself_and_ends_in_return():
+    from atropos_cli.env.sandbox_child import SECCOMP_ARCH, seccomp_program
+
+    for machine in SECCOMP_ARCH:
+        program = seccomp_program(machine, 1234)
+        assert program[-1][0] == 0x06 and len(program) < 256
+        for i, (code, jt, jf, _) in enumerate(program):
+            if code in (0x15, 0x35):
+                assert i + 1 + max(jt, jf) < len(program), (machine, i)
+    assert seccomp_program("riscv64", 1) is None
