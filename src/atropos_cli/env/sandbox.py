@@ -215,25 +215,26 @@ def _collect(
                 timed_out = True
                 break
             for key, _ in selector.select(remaining if pidfd is not None else min(remaining, 0.05)):
-                if key.fd in buffers and not _read(key.fd, buffers[key.fd], cap):
+                if key.fd in buffers and _read(key.fd, buffers[key.fd], cap) is False:  # end of file
                     selector.unregister(key.fd)
         _kill_group(proc.pid)  # also on a normal exit: children it left in its group go with it
         proc.wait()
         for fd, buffer in buffers.items():  # what it wrote before it died; a survivor cannot keep us here
             budget = cap + (1 << 20)
-            while budget > 0 and _read(fd, buffer, cap):
+            while budget > 0 and _read(fd, buffer, cap) is True:
                 budget -= 1 << 16
     out.close()
     err.close()
     return bytes(buffers[out_fd]), bytes(buffers[err_fd]), timed_out
 
 
-def _read(fd: int, buffer: bytearray, cap: int) -> bool:
-    """One read into `buffer` (kept up to `cap`); False at end of file or when nothing is waiting."""
+def _read(fd: int, buffer: bytearray, cap: int) -> bool | None:
+    """One read into `buffer` (kept up to `cap`): True when it got bytes, False at end of file, None when
+    nothing is waiting."""
     try:
         chunk = os.read(fd, 1 << 16)
     except BlockingIOError:
-        return False
+        return None
     if chunk and len(buffer) < cap:
         buffer += chunk[: cap - len(buffer)]
     return bool(chunk)
