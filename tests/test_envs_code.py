@@ -20,6 +20,7 @@ from atropos_cli.envs._shared.data import BUNDLED_DATA
 from atropos_cli.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
+ANY_MODE = SandboxLimits(allow_unisolated=True)  # tests of limits and judging, not of isolation
 FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
 
 
@@ -35,32 +36,35 @@ def item_named(env, entry_point):
 
 
 def test_sandbox_runs_code_in_a_temp_dir():
-    result = run_python("import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())")
+    code = "import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())"
+    result = run_python(code, ANY_MODE)
     assert result.ok and result.stdout.splitlines()[1] == "x"
     cwd = result.stdout.splitlines()[0]
-    assert cwd == "/sandbox" and result.isolation == "bwrap" or isolation() != "bwrap"
+    expected = {"bwrap": "/sandbox", "unshare": "/tmp/sandbox"}.get(result.isolation)
+    assert cwd == expected if expected else "atropos-sandbox-" in cwd
 
 
 def test_sandbox_kills_an_infinite_loop_at_the_time_limit():
-    result = run_python("while True:\n    pass", SandboxLimits(timeout_s=0.5))
+    result = run_python("while True:\n    pass", ANY_MODE.model_copy(update={"timeout_s": 0.5}))
     assert result.timed_out and result.failure == "timeout" and result.duration_s < 3
 
 
 def test_sandbox_stops_a_memory_hog():
-    result = run_python("x = bytearray(3_000_000_000)\nprint('allocated')", SandboxLimits(memory_mb=200))
+    hog = "x = bytearray(3_000_000_000)\nprint('allocated')"
+    result = run_python(hog, ANY_MODE.model_copy(update={"memory_mb": 200}))
     assert result.failure == "memory" and "allocated" not in result.stdout
 
 
 def test_sandbox_blocks_the_network():
     code = "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))"
-    result = run_python(code)
+    result = run_python(code, ANY_MODE)
     assert not result.ok
     assert "not allowed" in result.stderr or "Network is unreachable" in result.stderr
 
 
 def test_sandbox_async_runs_concurrently():
     async def main():
-        return await asyncio.gather(*(run_python_async(f"print({i} * 2)") for i in range(3)))
+        return await asyncio.gather(*(run_python_async(f"print({i} * 2)", ANY_MODE) for i in range(3)))
 
     assert [r.stdout.strip() for r in asyncio.run(main())] == ["0", "2", "4"]
 
@@ -104,7 +108,6 @@ def test_code_mbpp_style_loader(tmp_path):
 
 def test_bundled_problems_pass_with_their_reference_solutions():
     import json
-
 
     env = make_env()
     rows = [json.loads(line) for line in (BUNDLED_DATA / "code_problems.jsonl").open()]
@@ -187,6 +190,8 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_completions_score_zero_on_every_problem(name):
+    if "answer key" in name and isolation() != "bwrap":
+        pytest.skip("without bubblewrap the answer key is in reach: the code env needs --env.allow_unisolated")
     env = make_env()
     completion = f"```python\n{FORGERIES[name]}```"
     scores = {item["id"]: env.reward(completion, item)["score"] for item in env.items("eval")}
@@ -234,8 +239,8 @@ def test_honest_solutions_still_pass_tests_of_every_shape():
         "assert not f(0)[0]",
         "assert f(2) != (2, 2 / 3)",  # a list is not a tuple, as in plain Python
     ]
-    assert check_solution(code, tests, Limits()) == {"passed": 6, "total": 6, "failure": None}
-    wrong = check_solution(code.replace("x / 3", "x / 4"), tests, Limits())
+    assert check_solution(code, tests, Limits(allow_unisolated=True)) == {"passed": 6, "total": 6, "failure": None}
+    wrong = check_solution(code.replace("x / 3", "x / 4"), tests, Limits(allow_unisolated=True))
     assert wrong["passed"] == 4
 
 
