@@ -211,6 +211,9 @@ def test_the_answer_key_forgery_works_where_the_files_are_in_reach(monkeypatch):
         isolation.cache_clear()
 
 
+@pytest.mark.skipif(
+    isolation() != "bwrap", reason="without bubblewrap the code env refuses to run (and the answer key is in reach)"
+)
 def test_process_code_with_forged_completions_writes_mean_score_zero(fake_server, tmp_path):
     from typer.testing import CliRunner
 
