@@ -42,6 +42,8 @@ def route_warnings() -> None:
     """Print our own warnings (`AtroposWarning`, e.g. the code sandbox's gaps) as one `warning:` line each;
     anything else keeps Python's format."""
     python_format = warnings.showwarning
+    if getattr(python_format, "routes_atropos_warnings", False):
+        return
 
     def show(
         message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
@@ -51,6 +53,7 @@ def route_warnings() -> None:
         else:
             python_format(message, category, filename, lineno, file, line)
 
+    show.routes_atropos_warnings = True  # type: ignore[attr-defined]
     warnings.showwarning = show
 
 
