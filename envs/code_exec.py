@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
-from atropos_cli.env.sandbox import NOT_ISOLATED, SandboxLimits, SandboxWarning, require_isolation
+from atropos_cli.env.sandbox import SandboxLimits, SandboxWarning, not_isolated, require_isolation
 
 from ._shared.codecheck import check_solution, check_solution_async
 from ._shared.data import (
@@ -77,7 +77,7 @@ class CodeEnv(SimpleEnv):
     def check_config(cls, config: EnvConfig) -> None:
         mode = require_isolation(config.allow_unisolated)  # type: ignore[attr-defined]
         if mode != "bwrap":
-            gaps = NOT_ISOLATED[mode]
+            gaps = not_isolated(mode)
             warnings.warn(f"code sandbox without bubblewrap ('{mode}' mode): {gaps}", SandboxWarning, stacklevel=2)
         if not config.data_path and config.dataset_name:  # type: ignore[attr-defined]
             check_hub_access(config.dataset_name, REQUIRED_COLUMNS)  # type: ignore[attr-defined]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from atropos_cli.env.registry import resolve_env
-from atropos_cli.env.sandbox import SandboxLimits, isolation, run_python, run_python_async
+from atropos_cli.env.sandbox import SandboxLimits, isolation, landlock_available, run_python, run_python_async
 from atropos_cli.envs._shared.data import BUNDLED_DATA
 from atropos_cli.errors import ConfigError
 
@@ -190,23 +190,29 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_completions_score_zero_on_every_problem(name):
-    if "answer key" in name and isolation() != "bwrap":
-        pytest.skip("without bubblewrap the answer key is in reach: the code env needs --env.allow_unisolated")
+    if "answer key" in name and isolation() != "bwrap" and not landlock_available():
+        pytest.skip("without bubblewrap or Landlock the answer key is in reach: the env needs the opt-in")
     env = make_env()
     completion = f"```python\n{FORGERIES[name]}```"
     scores = {item["id"]: env.reward(completion, item)["score"] for item in env.items("eval")}
     assert set(scores.values()) == {0.0}, scores
 
 
-def test_the_answer_key_forgery_works_where_the_files_are_in_reach(monkeypatch):
-    """Why the fallbacks need an explicit opt-in: without bubblewrap the answer key is readable (README)."""
+@pytest.mark.parametrize("landlock", [False, True])
+def test_the_answer_key_forgery_in_the_none_mode_is_stopped_only_by_landlock(monkeypatch, landlock):
+    """Why the fallbacks need an explicit opt-in: without bubblewrap or Landlock the answer key is readable."""
+    from atropos_cli.env import sandbox
+
+    if landlock and not sandbox.landlock_available():
+        pytest.skip("this kernel does not enforce Landlock")
+    monkeypatch.setattr(sandbox, "landlock_available", lambda: landlock)
     monkeypatch.setenv("ATROPOS_SANDBOX", "none")
     isolation.cache_clear()
     try:
         env = make_env(allow_unisolated=True)
         item = item_named(env, "fib")
         forged = FORGERIES["looks the answers up in the installed answer key"].replace("os.walk('/')", "[]")
-        assert env.reward(f"```python\n{forged}```", item)["score"] == 1.0
+        assert env.reward(f"```python\n{forged}```", item)["score"] == (0.0 if landlock else 1.0)
     finally:
         isolation.cache_clear()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from atropos_cli.env import sandbox
-from atropos_cli.env.sandbox import SandboxLimits, isolation, run_python
+from atropos_cli.env.sandbox import SandboxLimits, isolation, landlock_available, not_isolated, run_python
 from atropos_cli.errors import ConfigError
 
 OPT_IN = SandboxLimits(allow_unisolated=True)
@@ -106,7 +107,7 @@ def test_code_env_refuses_fallback_isolation_unless_allowed(monkeypatch):
         assert "--env.allow_unisolated" in (refused.value.hint or "")
         with pytest.raises(ConfigError):
             run_python("print(1)")  # the library refuses too, for any caller
-        with pytest.warns(SandboxWarning, match="reads and writes your files.*hidden tests.*memory_mb"):
+        with pytest.warns(SandboxWarning, match=re.escape(not_isolated("none"))):
             cls.check_config(base.model_copy(update={"allow_unisolated": True}))
     finally:
         isolation.cache_clear()
@@ -128,8 +129,32 @@ def test_cli_prints_one_error_line_or_one_warning_line_for_fallback_isolation(fa
     )
     assert allowed.returncode == 0, allowed.stderr
     warnings = [line for line in allowed.stderr.splitlines() if "sandbox" in line.lower()]
-    assert len(warnings) == 1 and warnings[0].startswith("warning: code sandbox without bubblewrap ('none' mode)")
+    assert warnings == [f"warning: code sandbox without bubblewrap ('none' mode): {not_isolated('none')}"]
     assert "Warning:" not in allowed.stderr and "warnings.warn" not in allowed.stderr
+
+
+HOST_FILES = """\
+import os
+for action, path in (("read", {key!r}), ("read", {secret!r}), ("write", {out!r}), ("list", "/proc")):
+    try:
+        os.listdir(path) if action == "list" else open(path, "w" if action == "write" else "r").close()
+        print(action, path, "allowed")
+    except OSError as exc:
+        print(action, path, type(exc).__name__)
+"""
+
+
+@pytest.mark.skipif(not landlock_available(), reason="this kernel does not enforce Landlock")
+@pytest.mark.parametrize("mode", ["unshare", "none"], indirect=True)
+def test_landlock_keeps_the_fallbacks_off_the_answer_key_host_files_and_proc(mode, tmp_path):
+    from atropos_cli.envs._shared.data import BUNDLED_DATA
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("HOST-SECRET")
+    code = HOST_FILES.format(key=str(BUNDLED_DATA / "code_problems.jsonl"), secret=str(secret), out=str(tmp_path / "o"))
+    result = run_python(code, OPT_IN)
+    assert result.ok and "allowed" not in result.stdout, result
+    assert not (tmp_path / "o").exists() and len(result.stdout.splitlines()) == 4
 
 
 # ---- 2: the parent reads only its own pipes, never a file the code controls ----
@@ -208,7 +233,10 @@ def test_setsid_processes_without_death_signal_die_at_the_time_limit(mode):
 
 PROC_AND_SHADOW = """\
 import os
-print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+try:
+    print(sorted(int(p) for p in os.listdir("/proc") if p.isdigit()))
+except PermissionError:  # Landlock
+    print([1])
 try:
     open("/etc/shadow").read()
     print("shadow read")

@@ -14,8 +14,8 @@ Isolation, chosen once per process by `isolation()` (the strongest that works he
   readable (the code env's hidden tests included), so the code env refuses it unless allowed.
 - `none`: only what every mode gets (below).
 
-`run_python` refuses a mode weaker than bwrap unless `SandboxLimits.allow_unisolated`; `NOT_ISOLATED` names
-every gap left by each mode (the code env prints it as one warning line). In every mode the child gets: a
+`run_python` refuses a mode weaker than bwrap unless `SandboxLimits.allow_unisolated`; `not_isolated(mode)`
+names every gap left by each mode (the code env prints it as one warning line). In every mode the child gets: a
 wall-clock limit (the process group is SIGKILLed at `timeout_s`), RLIMIT_CPU as a backstop, RLIMIT_AS at
 `memory_mb`, RLIMIT_FSIZE at the output cap, 64 descriptors, an audit hook refusing sockets, subprocesses,
 fork and exec through Python's own APIs, and a seccomp filter (x86_64, aarch64) refusing them to ctypes too:
@@ -45,7 +45,14 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from atropos_cli.env.sandbox_layout import SANDBOX_DIR, bwrap_command, exposed_dirs, layout, unshare_command
+from atropos_cli.env.sandbox_layout import (
+    SANDBOX_DIR,
+    bwrap_command,
+    exposed_dirs,
+    landlock_rules,
+    layout,
+    unshare_command,
+)
 from atropos_cli.errors import AtroposWarning, ConfigError
 
 __all__ = [
@@ -53,7 +60,8 @@ __all__ = [
     "SandboxResult",
     "SandboxWarning",
     "Isolation",
-    "NOT_ISOLATED",
+    "not_isolated",
+    "landlock_available",
     "isolation",
     "require_isolation",
     "run_python",
@@ -68,15 +76,42 @@ _SECCOMP_MACHINES = ("x86_64", "aarch64")  # sandbox_child's syscall tables
 _NO_SECCOMP = "; no seccomp filter here: it runs programs, forks and opens sockets"
 if sys.platform.startswith("linux") and os.uname().machine in _SECCOMP_MACHINES:
     _NO_SECCOMP = ""
-NOT_ISOLATED: dict[Isolation, str] = {
+_GAPS: dict[Isolation, str] = {
     "bwrap": "",
     "unshare": "it can read every file the host lets its user read (installed packages and the code env's "
     "hidden tests included) and write where that user can outside /tmp, /var/tmp and /dev/shm; it runs as uid "
-    "65534 when atropos runs as root, else as you (your home writable)" + _NO_SECCOMP,
+    "65534 when atropos runs as root, else as you (your home writable)",
     "none": "it runs as you: it reads and writes your files (the code env's hidden tests included), sees every "
     "process's command line in /proc, and writes past memory_mb to disk and /dev/shm, leaving those files "
-    "behind" + _NO_SECCOMP,
+    "behind",
 }
+_GAPS_WITH_LANDLOCK: dict[Isolation, str] = {
+    "bwrap": "",
+    "unshare": "Landlock keeps its reads to the interpreter's files and its writes to its work dir, but it "
+    "runs as you unless atropos runs as root",
+    "none": "Landlock keeps its reads to the interpreter's files and its writes to its work dir, but that dir "
+    "sits in the host's /tmp unbounded by memory_mb (deleted after the run), and it runs as you in the host's "
+    "pid namespace",
+}
+
+
+@functools.cache
+def landlock_available() -> bool:
+    """Whether this kernel enforces Landlock (Linux 5.13+ with the LSM on): the fallback modes then get bwrap's
+    view of the filesystem."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    return int(libc.syscall(ctypes.c_long(444), None, ctypes.c_long(0), ctypes.c_long(1))) >= 1
+
+
+def not_isolated(mode: Isolation) -> str:
+    """Every gap `mode` leaves on this machine, in one line ("" for bwrap)."""
+    gaps = (_GAPS_WITH_LANDLOCK if landlock_available() else _GAPS)[mode]
+    return gaps + _NO_SECCOMP if gaps else gaps
 
 
 class SandboxWarning(AtroposWarning):
@@ -88,7 +123,7 @@ class SandboxLimits(BaseModel):
     memory_mb: int = Field(default=512, ge=32)
     max_output_bytes: int = Field(default=1_000_000, ge=1024)
     allow_unisolated: bool = False
-    """Run even when bubblewrap is unusable (the `unshare` or `none` mode; see NOT_ISOLATED)."""
+    """Run even when bubblewrap is unusable (the `unshare` or `none` mode; see not_isolated)."""
 
 
 class SandboxResult(BaseModel):
@@ -143,12 +178,13 @@ def _command(mode: Isolation, limits: SandboxLimits, python: str, bundle_fd: int
     tmpfs = limits.memory_mb * 1024 * 1024  # what all its tmpfs together may hold
     if mode == "bwrap":  # two: /tmp and the work dir
         return [*bwrap_command(layout(python), tmpfs // 2, _env(SANDBOX_DIR)), *child], {"workdir": SANDBOX_DIR}
+    extra: dict[str, Any] = {"landlock": landlock_rules(layout(python)) if landlock_available() else []}
     if mode == "unshare":
         root = os.geteuid() == 0
-        extra = {"workdir": _UNSHARE_DIR, "tmpfs_bytes": tmpfs, "drop_to_nobody": root}
+        extra |= {"workdir": _UNSHARE_DIR, "tmpfs_bytes": tmpfs, "drop_to_nobody": root}
         extra["expose"] = exposed_dirs(layout(python)) if root else []
         return [*unshare_command(), *child], extra
-    return child, {}
+    return child, extra
 
 
 def _execute(
@@ -288,7 +324,7 @@ def require_isolation(allow_unisolated: bool) -> Isolation:
     if mode != "bwrap" and not allow_unisolated:
         raise ConfigError(
             f"the code sandbox needs bubblewrap, which cannot run here ({_WHY_NOT.get('bwrap', 'unknown')}); "
-            f"the '{mode}' fallback leaves gaps: {NOT_ISOLATED[mode]}",
+            f"the '{mode}' fallback leaves gaps: {not_isolated(mode)}",
             hint="install bubblewrap (apt-get install bubblewrap) and allow user namespaces, or accept the gaps "
             "with --env.allow_unisolated true",
         )

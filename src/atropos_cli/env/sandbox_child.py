@@ -16,6 +16,7 @@ import json
 import os
 import resource
 import runpy
+import struct
 import sys
 
 NOBODY = 65534
@@ -183,6 +184,46 @@ def install_seccomp():
         raise OSError(ctypes.get_errno(), "sandbox: could not install the seccomp filter")
 
 
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF, LANDLOCK_RULE_PATH_BENEATH = 444, 445, 446, 1
+FS_EXECUTE, FS_WRITE_FILE, FS_READ_FILE, FS_READ_DIR, FS_TRUNCATE, FS_IOCTL_DEV = 1, 2, 4, 8, 1 << 14, 1 << 15
+FS_FILE_RIGHTS = FS_EXECUTE | FS_WRITE_FILE | FS_READ_FILE | FS_TRUNCATE | FS_IOCTL_DEV
+FS_READ = FS_EXECUTE | FS_READ_FILE | FS_READ_DIR
+
+
+def restrict_filesystem(rules):
+    """Landlock (the fallback modes): from here on only `rules` ([path, "list" | "read" | "write"]) reach the
+    filesystem: "list" lists a folder's names, "read" reads beneath it, "write" does anything beneath it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    arg = ctypes.c_long
+    abi = libc.syscall(arg(LANDLOCK_CREATE_RULESET), None, arg(0), arg(1))  # LANDLOCK_CREATE_RULESET_VERSION
+    if abi < 1:
+        raise OSError(ctypes.get_errno(), "sandbox: Landlock is not available")
+    handled = (1 << 13) - 1 | (1 << 13 if abi >= 2 else 0) | (FS_TRUNCATE if abi >= 3 else 0)
+    handled |= FS_IOCTL_DEV if abi >= 5 else 0
+    attr = ctypes.c_uint64(handled)
+    ruleset = libc.syscall(arg(LANDLOCK_CREATE_RULESET), ctypes.byref(attr), arg(8), arg(0))
+    if ruleset < 0:
+        raise OSError(ctypes.get_errno(), "sandbox: landlock_create_ruleset failed")
+    rights = {"list": FS_READ_DIR, "read": FS_READ, "write": handled}
+    for path, kind in rules:
+        try:
+            fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue
+        is_dir = os.path.isdir(f"/proc/self/fd/{fd}")
+        allowed = rights[kind] & handled & (handled if is_dir else FS_FILE_RIGHTS)
+        beneath = ctypes.create_string_buffer(struct.pack("=Qi", allowed, fd), 12)
+        done = libc.syscall(arg(LANDLOCK_ADD_RULE), arg(ruleset), arg(LANDLOCK_RULE_PATH_BENEATH), beneath, arg(0))
+        os.close(fd)
+        if done != 0:
+            raise OSError(ctypes.get_errno(), f"sandbox: landlock_add_rule {path}")
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if libc.syscall(arg(LANDLOCK_RESTRICT_SELF), arg(ruleset), arg(0)) != 0:
+        raise OSError(ctypes.get_errno(), "sandbox: landlock_restrict_self failed")
+    os.close(ruleset)
+
+
 def set_limits(limits):
     memory, cpu, output = limits
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -208,6 +249,8 @@ def main():
         with open(os.path.join(workdir, name), "x", encoding="utf-8") as file:
             file.write(text)
     os.chdir(workdir)
+    if bundle.get("landlock"):
+        restrict_filesystem([*bundle["landlock"], [workdir, "write"]])
     set_limits(bundle["limits"])
     sys.argv = ["main.py"]
     del bundle

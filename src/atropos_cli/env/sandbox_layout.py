@@ -21,7 +21,16 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-__all__ = ["Layout", "layout", "bwrap_command", "unshare_command", "SANDBOX_DIR", "NOBODY"]
+__all__ = [
+    "Layout",
+    "layout",
+    "bwrap_command",
+    "unshare_command",
+    "exposed_dirs",
+    "landlock_rules",
+    "SANDBOX_DIR",
+    "NOBODY",
+]
 
 SANDBOX_DIR = "/sandbox"  # the work dir's path inside a bwrap sandbox (a size-limited tmpfs)
 NOBODY = 65534
@@ -115,3 +124,15 @@ def exposed_dirs(lay: Layout) -> list[str]:
     non-traversable parent such as a 0700 home)."""
     dirs = {os.path.dirname(lay.python), *lay.stdlib, *(os.path.dirname(p) for p in lay.libraries)}
     return sorted(d for d in dirs if not any(d.startswith(e + os.sep) for e in dirs))
+
+
+def landlock_rules(lay: Layout) -> list[list[str]]:
+    """The same view as bubblewrap's, as Landlock rules for the fallback modes: read the binary, each entry of
+    the standard library but the package folders (whose names alone can be listed) and the libraries."""
+    rules = [[lay.python, "read"], *([p, "read"] for p in lay.libraries), ["/dev/null", "write"]]
+    if os.path.isfile("/etc/ld.so.cache"):
+        rules.append(["/etc/ld.so.cache", "read"])
+    for folder in lay.stdlib:
+        rules.append([folder, "list"])
+        rules += [[os.path.join(folder, n), "read"] for n in sorted(os.listdir(folder)) if n not in _HIDDEN]
+    return rules
