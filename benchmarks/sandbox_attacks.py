@@ -1,7 +1,7 @@
 """Attack the code sandbox in every isolation mode this machine gives and print what each attack got (the table
 in the README's Security section comes from here).
 
-    .venv/bin/python benchmarks/sandbox_attacks.py [--modes bwrap,unshare,none]
+    .venv/bin/python benchmarks/sandbox_attacks.py [--modes bwrap,unshare,none,unshare-nolandlock,none-nolandlock]
 
 Each mode runs with `allow_unisolated` on (the code env refuses the fallbacks without it). Every attack is a
 program the sandbox runs as model-written code; the host checks what it left behind. Host paths used: a secret
@@ -23,9 +23,11 @@ import time
 import uuid
 from pathlib import Path
 
+from atropos_cli.env import sandbox
 from atropos_cli.env.sandbox import SandboxLimits, isolation, run_python
 from atropos_cli.envs._shared.data import BUNDLED_DATA
 
+_LANDLOCK = sandbox.landlock_available
 ALLOW = SandboxLimits(allow_unisolated=True, timeout_s=20)
 
 
@@ -92,7 +94,10 @@ def _survivors(name: str) -> list[int]:
     return found
 
 
-def attack(mode: str) -> list[tuple[str, str]]:
+def attack(name: str) -> list[tuple[str, str]]:
+    """`name` is a mode, with `-nolandlock` to run a fallback as on a kernel without Landlock."""
+    mode = name.removesuffix("-nolandlock")
+    sandbox.landlock_available = (lambda: False) if name.endswith("-nolandlock") else _LANDLOCK  # type: ignore[assignment]
     os.environ["ATROPOS_SANDBOX"] = mode
     isolation.cache_clear()
     if isolation() != mode:
@@ -155,7 +160,7 @@ def attack(mode: str) -> list[tuple[str, str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--modes", default="bwrap,unshare,none")
+    parser.add_argument("--modes", default="bwrap,unshare,none,unshare-nolandlock,none-nolandlock")
     args = parser.parse_args()
     print(f"uid {os.getuid()}, python {sys.executable}, libc {ctypes.util.find_library('c')}")
     for mode in args.modes.split(","):

@@ -10,9 +10,13 @@ Isolation, chosen once per process by `isolation()` (the strongest that works he
   are read-only. Every process dies with bwrap's own pid 1.
 - `unshare` (util-linux only): new mount, pid, net, ipc and uts namespaces, a fresh /proc, tmpfs over `/tmp`,
   `/var/tmp` and `/dev/shm`; as root the program runs as uid 65534, else as root of a user namespace with no
-  capabilities; a trusted pid 1 (`sandbox_child`) so whatever it forks dies at the end. The host's files stay
-  readable (the code env's hidden tests included), so the code env refuses it unless allowed.
+  capabilities; a trusted pid 1 (`sandbox_child`) so whatever it forks dies at the end. Without Landlock the
+  host's files stay readable (the code env's hidden tests included).
 - `none`: only what every mode gets (below).
+
+In both fallbacks, where the kernel enforces Landlock (`landlock_available`), the child restricts itself to
+bwrap's view: it reads only the interpreter's files (package folders' names at most) and writes only its work
+dir. The code env still refuses both unless allowed.
 
 `run_python` refuses a mode weaker than bwrap unless `SandboxLimits.allow_unisolated`; `not_isolated(mode)`
 names every gap left by each mode (the code env prints it as one warning line). In every mode the child gets: a

@@ -8,7 +8,8 @@ of it stays on a path. Under `unshare` it then finishes the namespace as its roo
 non-traversable parent such as a 0700 home first), as root of a user namespace it drops every capability (so
 the mounts cannot be undone); and it stays as a trusted pid 1 that only waits, running the program in its
 child (a program that clears its parent-death signal and calls setsid() still dies with pid 1). Then it writes
-the files into the work dir, sets the rlimits, installs the seccomp filter and the audit hook and runs main.py.
+the files into the work dir, restricts itself with Landlock (fallback modes, where the kernel has it), sets
+the rlimits, installs the seccomp filter and the audit hook and runs main.py.
 """
 
 import ctypes
