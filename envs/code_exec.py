@@ -7,7 +7,8 @@ reads any MBPP-style .jsonl/.json/.parquet (columns `text` and `test_list`, opti
 `assert` statement; the prompt shows the first one so the model knows the function's name and signature.
 
 Scoring: the last ```python block of the completion (else the whole completion) runs in `atropos_cli.env.sandbox`
-(time limit `--env.timeout_s`, memory limit `--env.memory_mb`; bubblewrap isolation where available). The
+(time limit `--env.timeout_s`, memory limit `--env.memory_mb`, bubblewrap isolation; without bubblewrap
+the env refuses to start unless `--env.allow_unisolated true`, and then prints one line naming the gaps). The
 sandboxed process only evaluates the calls the tests make and prints their values as plain literals; this
 process compares them with the expected values (`_shared/codecheck.py`), so a solution cannot forge its score.
 Reward = fraction of tests passed; `correct` = 1 only when all pass. A solution that loops forever or
@@ -19,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
-from atropos_cli.env.sandbox import SandboxLimits
+from atropos_cli.env.sandbox import SandboxLimits, SandboxWarning, not_isolated, require_isolation
 
 from ._shared.codecheck import check_solution, check_solution_async
 from ._shared.data import (
@@ -45,6 +47,8 @@ class CodeConfig(EnvConfig):
     timeout_s: float = 5.0
     memory_mb: int = 512
     eval_size: int = -1
+    allow_unisolated: bool = False
+    """Run the code without bubblewrap (the `unshare`/`none` fallback, whose gaps are printed); off: refuse."""
 
 
 class CodeEnv(SimpleEnv):
@@ -65,10 +69,16 @@ class CodeEnv(SimpleEnv):
     @property
     def limits(self) -> SandboxLimits:
         config: CodeConfig = self.config  # type: ignore[assignment]
-        return SandboxLimits(timeout_s=config.timeout_s, memory_mb=config.memory_mb)
+        return SandboxLimits(
+            timeout_s=config.timeout_s, memory_mb=config.memory_mb, allow_unisolated=config.allow_unisolated
+        )
 
     @classmethod
     def check_config(cls, config: EnvConfig) -> None:
+        mode = require_isolation(config.allow_unisolated)  # type: ignore[attr-defined]
+        if mode != "bwrap":
+            gaps = not_isolated(mode)
+            warnings.warn(f"code sandbox without bubblewrap ('{mode}' mode): {gaps}", SandboxWarning, stacklevel=2)
         if not config.data_path and config.dataset_name:  # type: ignore[attr-defined]
             check_hub_access(config.dataset_name, REQUIRED_COLUMNS)  # type: ignore[attr-defined]
 

@@ -1,5 +1,5 @@
-"""`atropos port FILE`: the scan names each missing atroposlib name with its line; a supported env then runs
-one group on the shipped local model."""
+"""`atropos port FILE`: the scan names each missing atroposlib name with its line without running the file;
+with --run a supported env then runs one group on the shipped local model."""
 
 from __future__ import annotations
 
@@ -27,7 +27,19 @@ def test_port_lists_missing_names_with_their_lines(tmp_path: Path) -> None:
 
 
 def test_port_runs_one_group_of_a_supported_env_on_the_local_model() -> None:
-    result = CliRunner().invoke(app, ["port", str(ENVS / "math_n_choices.py")])
+    result = CliRunner().invoke(app, ["port", str(ENVS / "math_n_choices.py"), "--run"])
     assert result.exit_code == 0, result.output
     assert "every atroposlib name it imports is provided" in result.output
     assert "one group ran on the shipped local model" in result.output
+
+
+def test_port_reads_the_file_without_running_it_unless_asked(tmp_path: Path) -> None:
+    marker = tmp_path / "ran.txt"
+    env = tmp_path / "hostile_env.py"
+    env.write_text(f"from atroposlib.envs.base import BaseEnv\nopen({str(marker)!r}, 'w').write('ran')\n")
+    result = CliRunner().invoke(app, ["port", str(env)])
+    assert result.exit_code == 0, result.output
+    assert "the file was read, not run: --run imports it" in result.output
+    assert not marker.exists()
+    CliRunner().invoke(app, ["port", str(env), "--run"])
+    assert marker.read_text() == "ran"  # --run imports it (no env class here, so the run itself fails)

@@ -15,15 +15,19 @@ from pathlib import Path
 import pytest
 
 from atropos_cli.env.registry import resolve_env
-from atropos_cli.env.sandbox import SandboxLimits, SandboxWarning, isolation, run_python, run_python_async
+from atropos_cli.env.sandbox import SandboxLimits, isolation, landlock_available, run_python, run_python_async
+from atropos_cli.envs._shared.data import BUNDLED_DATA
+from atropos_cli.errors import ConfigError
 
 DATA = Path(__file__).parent / "data"
+ANY_MODE = SandboxLimits(allow_unisolated=True)  # tests of limits and judging, not of isolation
 FIB_OK = "```python\ndef fib(n):\n    a, b = 0, 1\n    for _ in range(n):\n        a, b = b, a + b\n    return a\n```"
 
 
 def make_env(**config):
     cls = resolve_env("code")
     base, _ = cls.config_init()
+    config.setdefault("allow_unisolated", isolation() != "bwrap")  # the judge logic is tested in any mode
     return cls(base.model_copy(update=config), server=None)
 
 
@@ -32,32 +36,35 @@ def item_named(env, entry_point):
 
 
 def test_sandbox_runs_code_in_a_temp_dir():
-    result = run_python("import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())")
+    code = "import os; print(os.getcwd()); open('f.txt', 'w').write('x'); print(open('f.txt').read())"
+    result = run_python(code, ANY_MODE)
     assert result.ok and result.stdout.splitlines()[1] == "x"
     cwd = result.stdout.splitlines()[0]
-    assert cwd == "/sandbox" if result.isolation == "bwrap" else "atropos-sandbox-" in cwd
+    expected = {"bwrap": "/sandbox", "unshare": "/tmp/sandbox"}.get(result.isolation)
+    assert cwd == expected if expected else "atropos-sandbox-" in cwd
 
 
 def test_sandbox_kills_an_infinite_loop_at_the_time_limit():
-    result = run_python("while True:\n    pass", SandboxLimits(timeout_s=0.5))
+    result = run_python("while True:\n    pass", ANY_MODE.model_copy(update={"timeout_s": 0.5}))
     assert result.timed_out and result.failure == "timeout" and result.duration_s < 3
 
 
 def test_sandbox_stops_a_memory_hog():
-    result = run_python("x = bytearray(3_000_000_000)\nprint('allocated')", SandboxLimits(memory_mb=200))
+    hog = "x = bytearray(3_000_000_000)\nprint('allocated')"
+    result = run_python(hog, ANY_MODE.model_copy(update={"memory_mb": 200}))
     assert result.failure == "memory" and "allocated" not in result.stdout
 
 
 def test_sandbox_blocks_the_network():
     code = "import socket\ns = socket.socket()\ns.connect(('127.0.0.1', 9))"
-    result = run_python(code)
+    result = run_python(code, ANY_MODE)
     assert not result.ok
     assert "not allowed" in result.stderr or "Network is unreachable" in result.stderr
 
 
 def test_sandbox_async_runs_concurrently():
     async def main():
-        return await asyncio.gather(*(run_python_async(f"print({i} * 2)") for i in range(3)))
+        return await asyncio.gather(*(run_python_async(f"print({i} * 2)", ANY_MODE) for i in range(3)))
 
     assert [r.stdout.strip() for r in asyncio.run(main())] == ["0", "2", "4"]
 
@@ -95,16 +102,12 @@ def test_code_mbpp_style_loader(tmp_path):
     assert "assert add(2, 3) == 5" in env.prompt(items[0])
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x"}\n')
-    from atropos_cli.errors import ConfigError
-
     with pytest.raises(ConfigError, match="'text', 'test_list'"):
         list(make_env(data_path=str(bad)).items("eval"))
 
 
 def test_bundled_problems_pass_with_their_reference_solutions():
     import json
-
-    from atropos_cli.envs._shared.data import BUNDLED_DATA
 
     env = make_env()
     rows = [json.loads(line) for line in (BUNDLED_DATA / "code_problems.jsonl").open()]
@@ -154,6 +157,24 @@ FORGERIES = {
         "    globals()[_name] = (lambda n: lambda *a: eval(\n"
         "        _table.get(n + '(' + ', '.join(map(repr, a)) + ')', 'object()')))(_name)\n"
     ),
+    "looks the answers up in the installed answer key": _NAMES
+    + (
+        "import os\n"
+        "_paths = [" + repr(str(BUNDLED_DATA / "code_problems.jsonl")) + "]\n"
+        "for _root, _dirs, _files in os.walk('/'):\n"
+        "    _dirs[:] = [d for d in _dirs if d not in ('proc', 'sys', 'dev')]\n"
+        "    _paths += [os.path.join(_root, f) for f in _files if f.endswith('.jsonl')]\n"
+        "_text = ''\n"
+        "for _p in _paths:\n"
+        "    try:\n"
+        "        _text += open(_p, errors='ignore').read()\n"
+        "    except OSError:\n"
+        "        pass\n"
+        "_table = {c: e for c, e in re.findall(r'assert (\\w+\\(.*?\\)) == (.*?)\"', _text)}\n"
+        "for _name in _names:\n"
+        "    globals()[_name] = (lambda n: lambda *a: eval(\n"
+        "        _table.get(n + '(' + ', '.join(map(repr, a)) + ')', 'object()')))(_name)\n"
+    ),
     "exits early after printing fake result rows": (
         "import json, os\n"
         "for _fd in [1] + [int(f) for f in os.listdir('/proc/self/fd') if int(f) > 2]:\n"
@@ -169,12 +190,36 @@ FORGERIES = {
 
 @pytest.mark.parametrize("name", list(FORGERIES))
 def test_forged_completions_score_zero_on_every_problem(name):
+    if "answer key" in name and isolation() != "bwrap" and not landlock_available():
+        pytest.skip("without bubblewrap or Landlock the answer key is in reach: the env needs the opt-in")
     env = make_env()
     completion = f"```python\n{FORGERIES[name]}```"
     scores = {item["id"]: env.reward(completion, item)["score"] for item in env.items("eval")}
     assert set(scores.values()) == {0.0}, scores
 
 
+@pytest.mark.parametrize("landlock", [False, True])
+def test_the_answer_key_forgery_in_the_none_mode_is_stopped_only_by_landlock(monkeypatch, landlock):
+    """Why the fallbacks need an explicit opt-in: without bubblewrap or Landlock the answer key is readable."""
+    from atropos_cli.env import sandbox
+
+    if landlock and not sandbox.landlock_available():
+        pytest.skip("this kernel does not enforce Landlock")
+    monkeypatch.setattr(sandbox, "landlock_available", lambda: landlock)
+    monkeypatch.setenv("ATROPOS_SANDBOX", "none")
+    isolation.cache_clear()
+    try:
+        env = make_env(allow_unisolated=True)
+        item = item_named(env, "fib")
+        forged = FORGERIES["looks the answers up in the installed answer key"].replace("os.walk('/')", "[]")
+        assert env.reward(f"```python\n{forged}```", item)["score"] == (0.0 if landlock else 1.0)
+    finally:
+        isolation.cache_clear()
+
+
+@pytest.mark.skipif(
+    isolation() != "bwrap", reason="without bubblewrap the code env refuses to run (and the answer key is in reach)"
+)
 def test_process_code_with_forged_completions_writes_mean_score_zero(fake_server, tmp_path):
     from typer.testing import CliRunner
 
@@ -203,8 +248,8 @@ def test_honest_solutions_still_pass_tests_of_every_shape():
         "assert not f(0)[0]",
         "assert f(2) != (2, 2 / 3)",  # a list is not a tuple, as in plain Python
     ]
-    assert check_solution(code, tests, Limits()) == {"passed": 6, "total": 6, "failure": None}
-    wrong = check_solution(code.replace("x / 3", "x / 4"), tests, Limits())
+    assert check_solution(code, tests, Limits(allow_unisolated=True)) == {"passed": 6, "total": 6, "failure": None}
+    wrong = check_solution(code.replace("x / 3", "x / 4"), tests, Limits(allow_unisolated=True))
     assert wrong["passed"] == 4
 
 
@@ -299,32 +344,33 @@ def test_bwrap_sandbox_blocks_ctypes_fork_exec_home_writes_host_sockets_and_orph
         server.close()
 
 
-def test_fallback_without_namespaces_warns_what_is_not_isolated(monkeypatch, host_paths):
+def test_fallback_without_namespaces_runs_only_when_allowed_and_keeps_the_limits(monkeypatch):
     monkeypatch.setenv("ATROPOS_SANDBOX", "none")
     isolation.cache_clear()
     try:
-        with pytest.warns(SandboxWarning, match="write files anywhere.*host unix sockets.*run a shell.*forked"):
-            assert isolation() == "none"
-        result = run_python("print('still limited')", SandboxLimits(timeout_s=5))
+        assert isolation() == "none"
+        with pytest.raises(ConfigError, match="needs bubblewrap"):
+            run_python("print('refused')")
+        allowed = SandboxLimits(timeout_s=5, allow_unisolated=True)
+        result = run_python("print('still limited')", allowed)
         assert result.ok and result.isolation == "none"
-        hook = run_python("import socket\nsocket.socket()")
+        hook = run_python("import socket\nsocket.socket()", allowed)
         assert "not allowed" in hook.stderr  # the audit hook still refuses the obvious routes
     finally:
         isolation.cache_clear()
 
 
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="no unshare here")
-def test_unshare_fallback_blocks_network_and_orphans_and_warns_about_files(monkeypatch, host_paths):
+def test_unshare_fallback_blocks_network_and_orphans(monkeypatch, host_paths):
     home_file, sock_path = host_paths
     monkeypatch.setenv("ATROPOS_SANDBOX", "unshare")
     isolation.cache_clear()
     try:
-        with pytest.warns(SandboxWarning, match="filesystem is writable"):
-            mode = isolation()
-        if mode != "unshare":
+        if isolation() != "unshare":
             pytest.skip("user namespaces are not allowed here")
-        result = run_python(_escape_code(home_file, sock_path))
+        result = run_python(_escape_code(home_file, sock_path), SandboxLimits(allow_unisolated=True))
         assert result.isolation == "unshare" and result.ok, result.stderr
+        assert "connect -1" in result.stdout  # own network namespace: no host abstract sockets either
         assert not _wait_for_orphan(home_file.with_suffix(".txt.orphan"))  # the pid namespace ended
     finally:
         isolation.cache_clear()

@@ -11,6 +11,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
@@ -84,18 +85,28 @@ def test_tool_calling(fake_server, tmp_path):
     assert groups[0]["messages"][0][0]["role"] == "system" and '"parameters"' in groups[0]["messages"][0][0]["content"]
 
 
+def _any_sandbox() -> list[str]:
+    """The code env's opt-in where bubblewrap cannot run (these tests judge solutions, not isolation)."""
+    from atropos_cli.env.sandbox import isolation
+
+    return [] if isolation() == "bwrap" else ["--env.allow_unisolated", "true"]
+
+
+@pytest.mark.filterwarnings("ignore::atropos_cli.env.sandbox.SandboxWarning")  # the opt-in's line
 def test_code_runs_solutions_in_the_sandbox(fake_server, tmp_path):
     from atropos_cli.envs._shared.data import BUNDLED_DATA
 
     rows = [json.loads(x) for x in (BUNDLED_DATA / "code_problems.jsonl").open()]
     reference = {r["text"]: r["code"] for r in rows}
-    groups = run_with_book(fake_server, tmp_path, "code", lambda i: f"```python\n{reference[i['text']]}\n```")
+    solve = lambda i: f"```python\n{reference[i['text']]}\n```"  # noqa: E731
+    groups = run_with_book(fake_server, tmp_path, "code", solve, *_any_sandbox())
     assert all(g["scores"] == [1.0, 1.0] for g in groups)
 
 
+@pytest.mark.filterwarnings("ignore::atropos_cli.env.sandbox.SandboxWarning")  # the opt-in's line
 def test_code_infinite_loop_is_killed_and_scored_zero(fake_server, tmp_path):
     server = fake_server(rule=["while True:\n    pass"])
-    groups = process("code", tmp_path / "loop", server.base_url, "--env.timeout_s", "1", groups=1)
+    groups = process("code", tmp_path / "loop", server.base_url, "--env.timeout_s", "1", *_any_sandbox(), groups=1)
     assert groups[0]["scores"] == [0.0, 0.0]
     assert groups[0]["meta"]["rollouts"][0]["reward_parts"]["timeout"] == 1.0
 

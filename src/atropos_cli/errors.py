@@ -23,6 +23,7 @@ from typing import Literal
 
 __all__ = [
     "RankFailed",
+    "AtroposWarning",
     "EXIT_RUNTIME",
     "EXIT_USAGE",
     "EXIT_INTERRUPTED",
@@ -260,3 +261,7 @@ class RankFailed(AtroposError):
 
 class JudgeOutputError(AtroposError):
     """The judge's answer had no parseable score or verdict (after the retries)."""
+
+
+class AtroposWarning(UserWarning):
+    """A warning of ours: the CLI prints it as one `warning:` line (never Python's warning format)."""

@@ -33,7 +33,7 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "port": LazyCommand(
         "atropos_cli.cli.port",
-        "Check an Atropos env file: what it uses that we lack, then one group on the shipped local model.",
+        "Check an Atropos env file without running it: what it uses that we lack (read from its source).",
     ),
     "view": LazyCommand(
         "atropos_cli.cli.view",
@@ -131,9 +131,11 @@ def _root(
     ),
 ) -> None:
     """Rollouts, scored datasets and a GRPO loop for RL with LLMs: offline-first."""
+    from atropos_cli.cli.common import route_warnings
     from atropos_cli.quiet import quiet_third_party
 
     quiet_third_party(verbose)
+    route_warnings()
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,9 +16,9 @@ from rich.markup import escape
 from typer.core import TyperCommand, TyperOption
 
 from atropos_cli.config import NAMESPACES
-from atropos_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, AtroposError
+from atropos_cli.errors import EXIT_INTERRUPTED, EXIT_RUNTIME, AtroposError, AtroposWarning
 
-__all__ = ["console", "err_console", "fail", "warn", "cli_errors", "DottedCommand"]
+__all__ = ["console", "err_console", "fail", "warn", "route_warnings", "cli_errors", "DottedCommand"]
 
 console = Console(highlight=False)
 err_console = Console(stderr=True, highlight=False)
@@ -35,6 +36,25 @@ def fail(message: str, hint: str | None = None, code: int = EXIT_RUNTIME) -> typ
 
 def warn(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", markup=True, soft_wrap=True)
+
+
+def route_warnings() -> None:
+    """Print our own warnings (`AtroposWarning`, e.g. the code sandbox's gaps) as one `warning:` line each;
+    anything else keeps Python's format."""
+    python_format = warnings.showwarning
+    if getattr(python_format, "routes_atropos_warnings", False):
+        return
+
+    def show(
+        message: Warning | str, category: type[Warning], filename: str, lineno: int, file: Any = None, line: Any = None
+    ) -> None:
+        if issubclass(category, AtroposWarning):
+            warn(str(message))
+        else:
+            python_format(message, category, filename, lineno, file, line)
+
+    show.routes_atropos_warnings = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
 
 
 @contextmanager

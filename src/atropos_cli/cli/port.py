@@ -1,4 +1,5 @@
-"""`atropos port FILE`: what an Atropos env file uses that we lack, then one group on the local model."""
+"""`atropos port FILE`: what an Atropos env file uses that we lack (read, not run); `--run` adds one group on the
+local model."""
 
 from __future__ import annotations
 
@@ -15,13 +16,20 @@ from atropos_cli.cli.common import cli_errors, console, fail
 def port_command(
     ctx: typer.Context,
     file: Annotated[Path, typer.Argument(help="An env file written for atroposlib.", exists=True, dir_okay=False)],
-    run: Annotated[bool, typer.Option(help="Run one group on the shipped local model after the scan.")] = True,
+    run: Annotated[
+        bool,
+        typer.Option(
+            "--run",
+            help="Also import the file and run one group on the shipped local model: the file's code runs as you, "
+            "unsandboxed (only for files you trust).",
+        ),
+    ] = False,
 ) -> None:
-    """Check an Atropos env file: what it uses that we lack, then one group on the shipped local model.
+    """Check an Atropos env file without running it: what it uses that we lack (read from its source).
 
     Lists each atroposlib name the file imports that we do not provide (file:line) and the features we accept
-    but do not implement, then runs one group with `--openai.server_type local`. Extra dotted flags
-    (--env.*, --openai.*) pass through to that run.
+    but do not implement. With --run it then imports the file and runs one group with `--openai.server_type
+    local` (the file's code runs unsandboxed); extra dotted flags (--env.*, --openai.*) pass through to that run.
     """
     from atropos_cli.compat.port import scan_env_file
 
@@ -37,6 +45,11 @@ def port_command(
     console.print("  every atroposlib name it imports is provided")
     if run:
         _one_group(file, list(ctx.args))
+    else:
+        console.print(
+            "  the file was read, not run: --run imports it and runs one group on the shipped local model "
+            "(its code runs as you, unsandboxed)", soft_wrap=True, markup=False,
+        )  # fmt: skip
 
 
 def _one_group(file: Path, extra: list[str]) -> None:
