@@ -51,6 +51,23 @@ __all__ = [
 logger = logging.getLogger("atropos_cli.compat.atroposlib")
 # the groups handle_send_to_api accepted for the group being finished in this task (see after_group)
 _accepted: contextvars.ContextVar[list | None] = contextvars.ContextVar("atroposlib_accepted", default=None)
+# `--slurm` / `--testing` of `python env.py ...` (atroposlib's ServerManagerConfig), passed to the env's
+# constructor by build() as atroposlib's CLI does: always, so an `__init__(..., slurm=True)` default is not used
+_manager_flags: contextvars.ContextVar[tuple[bool, bool]] = contextvars.ContextVar(
+    "atroposlib_manager_flags", default=(False, False)
+)
+
+
+def manager_flags(slurm: bool = False, testing: bool = False) -> contextvars.Token:
+    """Set the ServerManager flags the envs built in this context get (reset with `_manager_flags.reset`)."""
+    return _manager_flags.set((slurm, testing))
+
+
+def manager_kwargs() -> dict[str, bool]:
+    slurm, testing = _manager_flags.get()
+    return {"slurm": slurm, "testing": testing}
+
+
 # atroposlib's own defaults where ours differ (ours: no hub tokenizer by default, no W&B, keep messages)
 PROCESS_DEFAULTS = {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True}
 
@@ -157,7 +174,9 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
                 f"{cls.__name__} takes no teacher server (--teacher.* / YAML teacher:)",
                 hint="subclass atroposlib.envs.teacher_distillation_env.TeacherDistillationEnv to distill",
             )
-        return cls(config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers])
+        return cls(
+            config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers], **manager_kwargs()
+        )
 
     # -- atroposlib's hooks ---------------------------------------------------------------------------
     async def after_group(self, result: Any, item: Item) -> Any:

@@ -30,7 +30,7 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig
+from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig, manager_kwargs
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
     APIServerConfig,
     ServerManager,
@@ -101,7 +101,7 @@ class TeacherDistillationEnv(BaseEnv):
         server_configs = [APIServerConfig(**s.model_dump()) for s in servers]
         token = _resolved_teachers.set([APIServerConfig(**s.model_dump()) for s in teacher] or None)
         try:
-            return cls(config=config, server_configs=server_configs)
+            return cls(config=config, server_configs=server_configs, **manager_kwargs())
         finally:
             _resolved_teachers.reset(token)
 
