@@ -89,6 +89,7 @@ class ServerManager(Router):
         self.reasoning_config = reasoning_config
         self.tool_parser = tool_parser
         self.proxy_url = proxy_url or os.environ.get("ATROPOS_PROXY_URL")
+        self.use_proxy = use_proxy or bool(self.proxy_url)
         # one wrapper per server; each sends through a one-server router sharing this router's backend
         self.servers: list[Any] = [
             self._wrap(config, Router([config], [server.backend]), server_class)
@@ -152,7 +153,21 @@ class ServerManager(Router):
     async def managed_server(
         self, tokenizer: Any = None, base_url: str | None = None, preserve_think_blocks: bool = False
     ) -> AsyncIterator[Any]:
-        """A ManagedServer over one server (the one at `base_url`, else the freest); state cleared on exit."""
+        """A ManagedServer over one server (the one at `base_url`, else the freest); state cleared on exit.
+        With a proxy (`proxy_url=` / ATROPOS_PROXY_URL, or use_proxy), a session in the ManagedServer proxy."""
+        if self.use_proxy:
+            from atropos_cli.compat.atroposlib.envs.server_handling.proxy_client import create_proxy_session
+
+            if not self.proxy_url:
+                raise ConfigError("use_proxy needs a proxy URL", hint="pass proxy_url= or set ATROPOS_PROXY_URL")
+            proxied = await create_proxy_session(
+                self.proxy_url, base_url=base_url, tool_parser=self.tool_parser or "hermes", model_name=self.model_name
+            )
+            try:
+                yield proxied
+            finally:
+                await proxied.cleanup()
+            return
         pinned = [s for s in self.servers if base_url and s.config.base_url == base_url]
         server = pinned[0] if pinned else self._freest()
         if isinstance(server, OpenAIServer) and os.environ.get("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "").lower() in (
