@@ -16,7 +16,7 @@ import json
 import re
 from typing import Any
 
-from atropos_cli.compat.tool_parsers import (
+from atropos_cli.compat.tool_parsers.base import (
     ParseResult,
     ToolCallParser,
     before,

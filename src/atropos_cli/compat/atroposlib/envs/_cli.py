@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from atropos_cli.compat.atroposlib.envs._manager_flags import manager_flags, reset_manager_flags
 from atropos_cli.compat.atroposlib.utils.cli import get_double_dash_flags
 from atropos_cli.errors import AtroposError
 
@@ -131,9 +132,6 @@ async def _serve(loaded: Any) -> Any:
 
 
 def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
-    from atropos_cli.compat.atroposlib.envs.base import _manager_flags as flags_var
-    from atropos_cli.compat.atroposlib.envs.base import manager_flags
-
     mode, dotted, config, manager = _parse(cls, sys.argv[1:] if argv is None else argv)
     token = manager_flags(**_manager_flags(manager, config))
     try:
@@ -147,4 +145,4 @@ def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     finally:
-        flags_var.reset(token)
+        reset_manager_flags(token)

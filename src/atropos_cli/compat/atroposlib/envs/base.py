@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field
 
 from atropos_cli.compat.atroposlib.envs._logging import WandbHooks
+from atropos_cli.compat.atroposlib.envs._manager_flags import manager_kwargs
 from atropos_cli.compat.atroposlib.envs._records import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atropos_cli.compat.atroposlib.envs.server_handling.server_baseline import ReasoningConfig
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
@@ -51,23 +52,6 @@ __all__ = [
 logger = logging.getLogger("atropos_cli.compat.atroposlib")
 # the groups handle_send_to_api accepted for the group being finished in this task (see after_group)
 _accepted: contextvars.ContextVar[list | None] = contextvars.ContextVar("atroposlib_accepted", default=None)
-# `--slurm` / `--testing` of `python env.py ...` (atroposlib's ServerManagerConfig), passed to the env's
-# constructor by build() as atroposlib's CLI does: always, so an `__init__(..., slurm=True)` default is not used
-_manager_flags: contextvars.ContextVar[tuple[bool, bool]] = contextvars.ContextVar(
-    "atroposlib_manager_flags", default=(False, False)
-)
-
-
-def manager_flags(slurm: bool = False, testing: bool = False) -> contextvars.Token:
-    """Set the ServerManager flags the envs built in this context get (reset with `_manager_flags.reset`)."""
-    return _manager_flags.set((slurm, testing))
-
-
-def manager_kwargs() -> dict[str, bool]:
-    slurm, testing = _manager_flags.get()
-    return {"slurm": slurm, "testing": testing}
-
-
 # atroposlib's own defaults where ours differ (ours: no hub tokenizer by default, no W&B, keep messages)
 PROCESS_DEFAULTS = {"ensure_scores_are_not_same": False, "include_messages": True, "use_wandb": True}
 

@@ -30,7 +30,8 @@ from typing import Any
 
 from pydantic import Field
 
-from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig, manager_kwargs
+from atropos_cli.compat.atroposlib.envs._manager_flags import manager_kwargs
+from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
     APIServerConfig,
     ServerManager,
