@@ -2,7 +2,7 @@
 
 `fn(completions, **context)` calls `compute`, multiplies each score by `weight` and, when a W&B logger was
 set (`set_wandb_logger`), logs `reward/<name>/{mean_raw,mean_weighted,min,max}`. As in atroposlib, an
-exception inside `compute` is logged and scores every completion 0.0. `get_content` reads a completion given
+exception in any of that is logged and scores every completion 0.0. `get_content` reads a completion given
 as a string, an assistant message, `{"message": assistant message}` or a list of messages (its first
 assistant message); anything else is "".
 """
@@ -40,15 +40,15 @@ class RewardFunction(ABC):
         """One raw score per completion."""
 
     def __call__(self, completions: list[Any], **kwargs: Any) -> list[float]:
-        try:
+        try:  # as in atroposlib, anything failing here (a subclass that skipped __init__ included) scores 0.0
             raw = self.compute(completions, **kwargs)
-        except Exception as exc:  # atroposlib: a failing reward scores the whole batch 0.0
-            logger.error("Error in reward function %s: %s", self.name, exc, exc_info=True)
+            weighted = [r * self.weight for r in raw]
+            if self.wandb_logger:
+                self.log_metrics(raw, weighted)
+            return weighted
+        except Exception as exc:
+            logger.error("Error in reward function %s: %s", getattr(self, "_name", None) or type(self).__name__, exc)
             return [0.0] * len(completions)
-        weighted = [r * self.weight for r in raw]
-        if self.wandb_logger:
-            self.log_metrics(raw, weighted)
-        return weighted
 
     def set_wandb_logger(self, logger: Any) -> None:
         self.wandb_logger = logger
