@@ -5,6 +5,8 @@ with tool calls, render, nodes, errors in OpenAI's shape, the browser guard; and
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -17,6 +19,7 @@ from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import AP
 from atropos_cli.compat.tool_parsers import get_parser
 from atropos_cli.resources import resolve_model_path
 from atropos_cli.testing.threaded import ThreadedServer
+from test_compat_atroposlib import SED
 from test_tool_parsers import _tool_rule
 
 TOKENIZER = resolve_model_path("atropos-tiny-arith")
@@ -83,11 +86,28 @@ def test_errors_are_openai_shaped_and_browsers_are_refused(proxy) -> None:
 def test_an_env_s_managed_server_through_the_proxy(proxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     server, backend = proxy
     monkeypatch.setenv("ATROPOS_PROXY_URL", server.url)
-    args = ["process", str(DATA / "managed_tools_env.py"), "--openai.base_url", backend.base_url]
-    args += ["--openai.server_type", "vllm", "--env.tokenizer_name", str(TOKENIZER), "--out", str(tmp_path / "run")]
+    dead = "http://127.0.0.1:9/v1"  # the env's own server: only the proxy can answer
+    args = ["process", str(DATA / "managed_tools_env.py"), "--openai.base_url", dead, "--openai.server_type", "vllm"]
+    args += ["--env.tokenizer_name", str(TOKENIZER), "--out", str(tmp_path / "run")]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     groups = [json.loads(line) for line in (tmp_path / "run" / "groups.jsonl").read_text().splitlines()]
     assert len(groups) == 2 and all(sorted(g["scores"]) == [0.0, 1.0] for g in groups)
     with httpx.Client(base_url=server.url) as client:
         assert client.get("/sessions").json()["sessions"] == []  # every rollout's session was ended
+
+
+def test_python_env_py_proxy_url_flag(proxy, tmp_path: Path) -> None:
+    server, backend = proxy
+    env = tmp_path / "managed_tools_env.py"
+    env.write_text((DATA / "managed_tools_env.py").read_text())
+    subprocess.run(["sed", "-i", SED, str(env)], check=True)
+    dead = "http://127.0.0.1:9/v1"  # the env's own server: only the proxy can answer
+    args = [sys.executable, str(env), "process", "--proxy_url", server.url, "--openai.base_url", dead]
+    args += ["--openai.server_type", "vllm", "--env.tokenizer_name", str(TOKENIZER), "--env.total_steps", "1"]
+    done = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    group = json.loads((tmp_path / "data" / "managed_tools.jsonl").read_text().splitlines()[0])
+    assert sorted(group["scores"]) == [0.0, 1.0]
+    with httpx.Client(base_url=server.url) as client:
+        assert client.get("/health").json()["sessions"] == 0

@@ -9,7 +9,8 @@ Flags as atroposlib reads them: `--env.<field> V`, `--openai.<field> V`, `--slur
 - `serve`: our online loop against `--env.rollout_server_url`.
 - `--slurm V` / `--testing V` (or YAML top-level `slurm:` / `testing:`; default false, as atroposlib's CLI
   passes them) go to the env's constructor: `--slurm true` spreads the first server over the Slurm job's
-  inference nodes, `--testing true` answers from a ServerHarness (see server_manager).
+  inference nodes, `--testing true` answers from a ServerHarness (see server_manager). `--proxy_url URL`
+  routes `managed_server()` through the ManagedServer proxy (as ATROPOS_PROXY_URL does).
 This is a script entry point: a usage error or an AtroposError ends the process with a one-line message
 (SystemExit), never a traceback.
 """
@@ -17,6 +18,7 @@ This is a script entry point: a usage error or an AtroposError ends the process 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,6 +65,8 @@ def _parse(cls: type[Any], argv: list[str]) -> tuple[str, list[str], str | None,
         raise SystemExit(f"error: unknown flag --{unknown[0]}\n{_usage(cls)}")
     dotted = [part for k, v in flags.items() if k.startswith(NAMESPACES) for part in (f"--{k}", str(v))]
     manager: dict[str, Any] = {k: flags[k] for k in ("slurm", "testing") if k in flags}
+    if flags.get("proxy_url"):  # the ManagedServer proxy: ServerManager reads it from the environment
+        os.environ["ATROPOS_PROXY_URL"] = str(flags["proxy_url"])
     return argv[0], dotted, flags.get("config"), manager
 
 
