@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -111,3 +112,45 @@ def test_python_env_py_proxy_url_flag(proxy, tmp_path: Path) -> None:
     assert sorted(group["scores"]) == [0.0, 1.0]
     with httpx.Client(base_url=server.url) as client:
         assert client.get("/health").json()["sessions"] == 0
+
+
+def test_setup_replaces_the_backends(proxy) -> None:
+    server, backend = proxy
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        body = {
+            "model_name": "renamed",
+            "servers": [{"base_url": backend.base_url}, {"base_url": "http://127.0.0.1:9/v1"}],
+        }
+        assert client.post("/setup", json=body).json() == {"status": "ok", "servers": 2, "model_name": "renamed"}
+        listed = client.get("/servers").json()["servers"]
+        assert [s["base_url"] for s in listed] == [backend.base_url, "http://127.0.0.1:9/v1"]
+        assert {s["server_type"] for s in listed} == {"vllm"}
+
+
+def test_the_standalone_proxy_serves_and_a_bad_config_is_one_line(fake_server, tmp_path: Path) -> None:
+    from atropos_cli.testing import free_port
+
+    backend = fake_server("arithmetic", tokenizer=str(TOKENIZER))
+    config = tmp_path / "servers.json"
+    config.write_text(json.dumps({"model_name": str(TOKENIZER), "servers": [{"base_url": backend.base_url}]}))
+    module = "atropos_cli.compat.atroposlib.envs.server_handling.managed_server_proxy"
+    port = free_port()
+    process = subprocess.Popen([sys.executable, "-m", module, "--config", str(config), "--port", str(port)])
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).json()
+                break
+            except httpx.TransportError:
+                assert process.poll() is None and time.monotonic() < deadline, "the proxy did not start"
+                time.sleep(0.1)
+        assert health["status"] == "ok" and health["servers"] == 1
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    config.write_text("{not json")
+    bad = subprocess.run([sys.executable, "-m", module, "--config", str(config)], capture_output=True, text=True)
+    assert (
+        bad.returncode != 0 and bad.stderr.startswith(f"error: cannot read {config}") and "Traceback" not in bad.stderr
+    )
