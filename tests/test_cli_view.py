@@ -224,3 +224,15 @@ def test_a_tokenizer_that_cannot_be_fetched_fails_fast_in_one_line(tmp_path: Pat
     lines = [line for line in result.output.splitlines() if line.strip()]
     assert lines[0].startswith("error: cannot load tokenizer 'no-such-org/no-such-model'"), result.output
     assert "Traceback" not in result.output and not (tmp_path / "batch.html").exists()
+
+
+def test_a_saved_api_batch_is_decoded_with_the_tokenizer(tmp_path: Path) -> None:
+    """`curl API/batch > batch.json`: Atropos' `{"batch": [groups]}` reads as its groups, decoded by --tokenizer."""
+    path, answer = _token_only_run(tmp_path)
+    groups = [json.loads(line) for line in path.read_text().splitlines()]
+    batch = tmp_path / "saved_batch.json"
+    batch.write_text(json.dumps({"batch": groups * 3}) + "\n")
+    result = runner.invoke(app, ["view", str(batch), "--tokenizer", "atropos-tiny-arith"])
+    assert result.exit_code == 0, result.output
+    assert "rendered 3 groups (6 rollouts)" in result.output
+    assert "completion (decoded tokens)" in (tmp_path / "saved_batch.html").read_text()
