@@ -89,23 +89,28 @@ def _sed_env(tmp_path: Path, url: str) -> Path:
 
 def test_python_env_py_testing_and_slurm_flags(fake_server, tmp_path: Path) -> None:
     srv = fake_server(rule="arithmetic", accuracy=0.5)
-    path = _sed_env(tmp_path, srv.base_url)
-    run = [sys.executable, str(path), "process", "--env.total_steps", "1", "--env.group_size", "2"]
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    testing = subprocess.run(
-        [*run, "--testing", "true"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
-    )
-    assert "Traceback" not in testing.stderr  # each group fails with the harness's one-line error
-    failures = (tmp_path / "data" / "one_server.failures.jsonl").read_text()
+    runs = {}
+    for name, flags in {
+        "testing": ["--testing", "true"],
+        "slurm": ["--slurm", "true"],
+        "bad": ["--slurm", "maybe"],
+    }.items():
+        (tmp_path / name).mkdir()
+        path = _sed_env(tmp_path / name, srv.base_url)
+        argv = [sys.executable, str(path), "process", "--env.total_steps", "1", "--env.group_size", "2", *flags]
+        runs[name] = subprocess.Popen(
+            argv, cwd=tmp_path / name, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+    done = {name: (p.wait(timeout=120), p.communicate()[1]) for name, p in runs.items()}  # in parallel
+    # --testing: every request goes to the unprogrammed ServerHarness; each group fails with its one-line error
+    assert "Traceback" not in done["testing"][1]
+    failures = (tmp_path / "testing" / "data" / "one_server.failures.jsonl").read_text()
     assert "ServerHarness has no chat_completion answer" in failures
-    assert srv.requests == 0
-    slurm = subprocess.run(
-        [*run, "--slurm", "true"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
-    )
-    assert slurm.returncode == 0, slurm.stderr[-2000:]  # not a Slurm job: the configured server
-    assert srv.requests > 0
-    bad = subprocess.run([*run, "--slurm", "maybe"], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env)
-    assert bad.returncode != 0 and "--slurm takes true or false, not 'maybe'" in bad.stderr
+    # --slurm outside a Slurm job: the configured server answers
+    assert done["slurm"][0] == 0, done["slurm"][1][-2000:]
+    assert len((tmp_path / "slurm" / "data" / "one_server.jsonl").read_text().splitlines()) == 1
+    assert srv.requests == 1  # the slurm run's one request; none from --testing
+    assert done["bad"][0] != 0 and "--slurm takes true or false, not 'maybe'" in done["bad"][1]
 
 
 def test_managed_server_adapter_under_atropos_process(fake_server, tmp_path: Path) -> None:
