@@ -136,3 +136,32 @@ def test_managed_server_adapter_refuses_what_atroposlib_refuses() -> None:
         asyncio.run(adapter.post("/generate", {}, dict))
     with pytest.raises(NotImplementedError, match="copy"):
         adapter.copy()
+
+
+def test_envs_whose_init_names_the_flags_otherwise_still_build() -> None:
+    """Atropos' eval envs take `slurm_job_id` (atroposlib's CLI, passing slurm=, fails on them): ours pass only
+    the flags a constructor takes."""
+    from atropos_cli.compat.atroposlib.envs._manager_flags import manager_flags, reset_manager_flags
+    from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig
+    from atropos_cli.config import ServerConfig
+
+    class EvalLike(BaseEnv):
+        def __init__(self, config, server_configs, slurm_job_id=None, testing=False):
+            super().__init__(config, server_configs, slurm_job_id, testing)
+            self.seen = (slurm_job_id, testing)
+
+    class Plain(BaseEnv):
+        def __init__(self, config, server_configs, slurm=True, testing=False):
+            super().__init__(config, server_configs, slurm, testing)
+            self.seen = (slurm, testing)
+
+    config = BaseEnvConfig(tokenizer_name="none", use_wandb=False)
+    servers = [ServerConfig(base_url="http://127.0.0.1:9/v1", model_name="m")]
+    token = manager_flags(slurm=False, testing=True)
+    try:
+        assert EvalLike.build(config, servers).seen == (None, True)
+        plain = Plain.build(config, servers)
+        assert plain.seen == (False, True) and type(plain.server.servers[0]).__name__ == "ServerHarness"
+    finally:
+        reset_manager_flags(token)
+    assert Plain.build(config, servers).seen == (False, False)  # never the env's own slurm=True default

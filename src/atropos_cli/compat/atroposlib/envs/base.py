@@ -159,7 +159,7 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
                 hint="subclass atroposlib.envs.teacher_distillation_env.TeacherDistillationEnv to distill",
             )
         return cls(
-            config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers], **manager_kwargs()
+            config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers], **manager_kwargs(cls)
         )
 
     # -- atroposlib's hooks ---------------------------------------------------------------------------

@@ -102,7 +102,7 @@ class TeacherDistillationEnv(BaseEnv):
         server_configs = [APIServerConfig(**s.model_dump()) for s in servers]
         token = _resolved_teachers.set([APIServerConfig(**s.model_dump()) for s in teacher] or None)
         try:
-            return cls(config=config, server_configs=server_configs, **manager_kwargs())
+            return cls(config=config, server_configs=server_configs, **manager_kwargs(cls))
         finally:
             _resolved_teachers.reset(token)
 
