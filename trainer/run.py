@@ -48,6 +48,8 @@ _RESUMABLE = {
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
     "grpo.grad_sync",
     "run.dist_timeout",
+    "run.max_staleness",
+    "run.inference_gpus",
     "run.vllm_gpu_memory_utilization",
     "run.vllm_sleep_mode",
     "run.vllm_probe_tolerance",
@@ -101,6 +103,7 @@ def _source(
     trainer: GRPOTrainer,
     stack: ExitStack,
     on_event: Callable[[str], None] = lambda _: None,
+    roles: Any = None,
 ):
     """(batch iterator, after-step sync, the env rollouts or the --data groups or None) for the chosen mode."""
     from .sources import api_batches, file_batches
@@ -109,6 +112,10 @@ def _source(
     sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
     dist = trainer.dist
+    if roles is not None:  # --inference-gpus: the engines are other ranks (async_loop.py)
+        from .async_loop import trainer_source
+
+        return trainer_source(opts, trainer, roles, stack, on_event)
     if opts.data:  # every rank reads the same files in the same order; the cursor skips what was trained
         data = _load_data(opts, trainer, on_event)
         batches = file_batches(data.groups, opts.groups_per_step, opts.epochs, config.seed)
@@ -287,6 +294,7 @@ def run_training(
     on_event: Callable[[str], None] = lambda _: None,
 ) -> RunSummary:
     out = Path(config.out)
+    opts.check_async()
     if opts.inference == "vllm-colocate" and not opts.data and not opts.api_url:
         from .vllm_colocate import check_can_colocate
 
@@ -301,6 +309,13 @@ def run_training(
         if dist is not None:
             dist.catch_stop_signals()
             dist.barrier()
+        if dist is not None and opts.inference_gpus:  # the disaggregated loop: this rank trains or samples
+            from .async_loop import engine_loop, split_roles
+
+            roles = split_roles(dist, opts.inference_gpus, opts.dist_timeout)
+            if roles.is_engine:
+                return RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
+            return _run(opts, config, on_step, on_event, roles.trainer_dist, roles)
         return _run(opts, config, on_step, on_event, dist)
     finally:
         if dist is not None:
@@ -313,6 +328,7 @@ def _run(
     on_step: Callable[[dict[str, Any]], None],
     on_event: Callable[[str], None],
     dist: Any,
+    roles: Any = None,
 ) -> RunSummary:
     out = Path(config.out)
     trainer = GRPOTrainer(config, dist=dist)
@@ -333,10 +349,10 @@ def _run(
 
     with ExitStack() as stack:
         sink: Any = _NoSink()
-        if dist is None or dist.is_main:
+        if dist is None or dist.is_main:  # (the disaggregated loop's one trainer rank: dist None, rank 0)
             sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
-        batches, sync, source = _source(opts, config, trainer, stack, on_event)
+        batches, sync, source = _source(opts, config, trainer, stack, on_event, roles)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:

@@ -58,6 +58,9 @@ class RolloutMeta(BaseModel):
     reward_parts: dict[str, float] | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    policy_versions: list[int] | None = None
+    """The policy version (trainer step) that produced each trained token (mask != -100), in order; a weight swap
+    mid-sequence shows as a step up. Set by the disaggregated loop's engines (`--inference-gpus`)."""
 
 
 class GroupMeta(BaseModel):
@@ -79,6 +82,9 @@ class GroupMeta(BaseModel):
     failed_rollouts: int = 0
     rollouts: list[RolloutMeta] | None = None
     tokens_missing: bool = False
+    policy_version: int | None = None
+    """The oldest policy version (trainer step) that produced any token of the group: the trajectory API and the
+    trainer measure staleness from it (trainer step - policy_version)."""
 
 
 def _is_list_of_lists(value: object) -> bool:
