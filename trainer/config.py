@@ -200,6 +200,9 @@ class RunOptions(BaseModel):
     dist_timeout: float = Field(1800.0, gt=0)
     """Many-GPU runs: seconds a rank waits in any collective (a batch from rank 0 included) before the run stops
     with an error."""
+    save_rollouts: bool = False
+    """Append the groups each step trains on to OUT/trained_rollouts.jsonl (key `trained_step`; with
+    --inference-gpus their meta holds the policy version of every token)."""
     resume: bool = False
     """Continue from the latest checkpoint in --out."""
     overwrite: bool = False

@@ -32,6 +32,7 @@ from .sources import FileData, from_rank0, gathered
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
 CONFIG_FILE = "train_config.json"
+TRAINED_ROLLOUTS = "trained_rollouts.jsonl"  # --save-rollouts
 # Keys a resumed run may change without changing what is being trained.
 _RESUMABLE = {
     "grpo.steps",
@@ -48,6 +49,7 @@ _RESUMABLE = {
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
     "grpo.grad_sync",
     "run.dist_timeout",
+    "run.save_rollouts",
     "run.max_staleness",
     "run.inference_gpus",
     "run.vllm_gpu_memory_utilization",
@@ -247,6 +249,15 @@ def _load_data(opts: RunOptions, trainer: GRPOTrainer, on_event: Callable[[str],
     return data
 
 
+def _saving(batches: Any, path: Path, trainer: GRPOTrainer) -> Any:
+    """`batches`, each appended to `path` (one group a line, `trained_step`: the step that trains it)."""
+    for batch in batches:
+        with path.open("a") as f:
+            for group in batch:
+                f.write(json.dumps({**group.to_record(), "trained_step": trainer.step_count + 1}) + "\n")
+        yield batch
+
+
 def _checked(batches: Any, vocab: int, url: str) -> Any:
     from .sources import check_token_ids
 
@@ -353,6 +364,8 @@ def _run(
             sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
         batches, sync, source = _source(opts, config, trainer, stack, on_event, roles)
+        if opts.save_rollouts and (dist is None or dist.is_main):
+            batches = _saving(batches, out / TRAINED_ROLLOUTS, trainer)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:
