@@ -171,6 +171,19 @@ class ScoredGroup(BaseModel):
         """The exact Atropos `ScoredData` dict (14 keys, nulls included), as the trajectory API serves it."""
         return {key: getattr(self, key) for key in SCORED_DATA_KEYS}
 
+    def to_wire(self) -> dict[str, Any]:
+        """What goes over HTTP (POST /scored_data, GET /batch): `to_scored_data()`, plus `meta` with only the
+        policy versions when the group has them (an extra optional key: Atropos' readers ignore it)."""
+        data = self.to_scored_data()
+        version = self.meta.policy_version if self.meta is not None else None
+        if version is None:
+            return data
+        meta: dict[str, Any] = {"policy_version": version}
+        rollouts = self.meta.rollouts if self.meta is not None else None
+        if rollouts and any(r.policy_versions is not None for r in rollouts):
+            meta["rollouts"] = [{"policy_versions": r.policy_versions} for r in rollouts]
+        return {**data, "meta": meta}
+
     def to_record(self) -> dict[str, Any]:
         """The dict written to jsonl: Atropos' keys plus `meta`, without empty optional keys."""
         return self.model_dump(mode="json", exclude_none=True)
