@@ -132,6 +132,7 @@ class WeightReceiver:
     _applying: int = -1  # the bucket set being copied into the model
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
+    _stream: Any = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, name="atropos-weight-receiver", daemon=True)
@@ -139,6 +140,11 @@ class WeightReceiver:
 
     def _loop(self) -> None:
         try:
+            if self.device.startswith("cuda"):
+                import torch
+
+                torch.cuda.set_device(self.device)  # a thread starts on cuda:0 whatever the process chose
+                self._stream = torch.cuda.Stream()
             while self._receive_one():
                 pass
         except Exception as exc:  # the trainer died or the group broke: the engine stops with this reason
@@ -167,15 +173,23 @@ class WeightReceiver:
                     break
                 self._cond.wait()
         slot = free[0]
-        dtype = getattr(torch, layout.dtype)
         buckets = self._sets[slot]
         if buckets is None or [b.numel() for b in buckets] != list(layout.bucket_numels):
-            buckets = [torch.empty(n, dtype=dtype, device=self.device) for n in layout.bucket_numels]
-            self._sets[slot] = buckets
-        for bucket in buckets:
-            dist.broadcast(bucket, src=self.src, group=self.data)
-        if self.device.startswith("cuda"):
-            torch.cuda.current_stream().synchronize()  # the buckets are complete before the model thread reads
+            # both sets at once, at the first push: no allocation later, while the engine may capture a CUDA graph
+            dtype = getattr(torch, layout.dtype)
+            self._sets = [
+                [torch.empty(n, dtype=dtype, device=self.device) for n in layout.bucket_numels] for _ in (0, 1)
+            ]
+            buckets = self._sets[slot]
+        assert buckets is not None
+        if self._stream is not None:  # NCCL on a side stream of the engine's GPU; complete before the swap reads
+            with torch.cuda.stream(self._stream):
+                for bucket in buckets:
+                    dist.broadcast(bucket, src=self.src, group=self.data)
+            self._stream.synchronize()
+        else:
+            for bucket in buckets:
+                dist.broadcast(bucket, src=self.src, group=self.data)
         with self._cond:
             self._pending = _Received(header["version"], layout, buckets)
             self.received = header["version"]
