@@ -25,7 +25,7 @@ from test_trainer_distributed import _rank_pid  # noqa: E402
 ATROPOS = [sys.executable, "-m", "atropos_cli"]
 ASYNC = ["--nproc-per-node", "2", "--inference-gpus", "1"]
 SMALL = ["--groups-per-step", "2", "--env.group_size", "4", "--save-every", "1", "--keep-checkpoints", "0"]
-# completions of up to 24 tokens: long enough for a weight push to land in the middle of one
+# completions of up to 16 tokens: long enough for a weight push to land in the middle of one
 LONG_ENV = '''
 from atropos_cli.env.base import SimpleEnv
 
@@ -112,7 +112,7 @@ def test_bounded_staleness_records_the_version_of_every_token(tmp_path: Path):
     env_file = tmp_path / "count_env.py"
     env_file.write_text(LONG_ENV)
     runs = {s: tmp_path / f"s{s}" for s in (1, 2)}
-    flags = ["--steps", "4", "--lr", "3e-2", "--save-rollouts", "--env.max_token_length", "24", *SMALL, *ASYNC]
+    flags = ["--steps", "3", "--lr", "3e-2", "--save-rollouts", "--env.max_token_length", "16", *SMALL, *ASYNC]
     _finish(
         *(
             _start("train", str(env_file), "--out", str(out), *flags, "--max-staleness", str(s))
@@ -167,8 +167,8 @@ def test_a_killed_engine_rank_stops_the_run_with_one_line(tmp_path: Path):
         if launcher.poll() is None:
             launcher.kill()
     assert launcher.returncode != 0
-    assert f"rank 1 of 2 (pid {engine}) was killed by SIGKILL" in stderr, stderr
-    assert "Traceback" not in stderr
+    assert f"rank 1 of 2 (pid {engine}) was killed by SIGKILL (it ran a rollout engine)" in stderr, stderr
+    assert "Traceback" not in stderr and stderr.count("error:") == 1, stderr
 
 
 def test_ctrl_c_leaves_one_consistent_checkpoint(tmp_path: Path):

@@ -28,15 +28,25 @@ from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import AtroposError, PeerLost
 from atropos_cli.types import ScoredGroup
 
 from .distributed import Dist
-from .weight_push import WeightPusher, WeightReceiver
+from .weight_push import TrainerGone, WeightPusher, WeightReceiver
 
 __all__ = ["Roles", "split_roles", "trainer_source", "engine_loop", "staleness_metrics"]
 
 POLL_S = 0.2  # how often a waiting trainer looks at the Ctrl-C flag
+LAUNCHER_GRACE_S = 10.0  # how long a rank that lost a peer waits for the launcher to stop it
+
+
+def peer_lost(world: Dist, what: str) -> PeerLost:
+    """The error of a rank whose peer's connection broke: first wait (a little) for the launcher's stop signal,
+    so its one line naming the failed rank is what the user reads (this rank then exits quietly)."""
+    deadline = time.monotonic() + LAUNCHER_GRACE_S
+    while not world._stop.is_set() and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+    return PeerLost(what, hint="the launcher's line names the rank that failed")
 
 
 @dataclass
@@ -141,11 +151,11 @@ class EngineFeed:
             box: list[Any] = [None]
             try:
                 dist.recv_object_list(box, src=rank, group=self.roles.rollouts[index])
-            except Exception as exc:
-                self.inbox.put((index, ("error", f"engine rank {rank} stopped answering ({type(exc).__name__})")))
+            except RuntimeError as exc:  # its connection broke: the engine process is gone
+                self.inbox.put((index, ("lost", f"engine rank {rank} stopped answering ({type(exc).__name__})")))
                 return
             self.inbox.put((index, box[0]))
-            if box[0][0] in ("end", "error"):
+            if box[0][0] in ("end", "error", "lost"):
                 return
 
     def _next_message(self, timeout: float | None = None) -> tuple[int, tuple[Any, ...]] | None:
@@ -166,6 +176,9 @@ class EngineFeed:
         elif kind == "error":
             self.ended.add(index)
             raise AtroposError(message[1], hint="the engine rank's own error above says why")
+        elif kind == "lost":
+            self.ended.add(index)
+            raise peer_lost(self.roles.world, message[1])
 
     def batches(self, trainer: Any) -> Iterator[list[ScoredGroup]]:
         """Step by step, every engine's share of the step's groups (engine order), staleness-checked."""
@@ -201,11 +214,16 @@ class EngineFeed:
 
     def close(self, stop_engines: Any, timeout: float) -> None:
         """Stop the engines and take their last messages until each said "end" (or `timeout` passed)."""
-        stop_engines()
+        if len(self.ended) == self.roles.engines:
+            return
+        try:
+            stop_engines()
+        except RuntimeError:  # an engine is gone: nothing to stop or to wait for
+            return
         deadline = time.monotonic() + timeout
         while len(self.ended) < self.roles.engines and time.monotonic() < deadline:
             got = self._next_message(timeout=1.0)
-            if got is not None and got[1][0] in ("end", "error"):
+            if got is not None and got[1][0] in ("end", "error", "lost"):
                 self.ended.add(got[0])
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
@@ -215,15 +233,21 @@ class AsyncSync:
     """After each step: push the weights to the engines (every trainer rank joins the gathers) and report the
     trained batch's staleness (rank 0)."""
 
-    def __init__(self, pusher: WeightPusher, feed: EngineFeed | None) -> None:
-        self.pusher, self.feed = pusher, feed
+    def __init__(self, pusher: WeightPusher, feed: EngineFeed | None, world: Dist) -> None:
+        self.pusher, self.feed, self.world = pusher, feed, world
 
     def __call__(self, trainer: Any) -> dict[str, Any]:
         metrics: dict[str, Any] = dict(self.feed.last) if self.feed is not None else {}
         if trainer.step_count < trainer.config.steps:  # the last step's weights have no one left to sample
-            metrics.update(self.pusher.push(trainer.model, trainer.step_count))
+            metrics.update(self.push(trainer))
         metrics["weight_version"] = trainer.step_count
         return metrics
+
+    def push(self, trainer: Any) -> dict[str, float]:
+        try:
+            return self.pusher.push(trainer.model, trainer.step_count)
+        except RuntimeError as exc:  # gloo/NCCL: a peer's connection broke
+            raise peer_lost(self.world, f"the weight push to the engines failed ({type(exc).__name__})") from None
 
 
 def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: Any) -> tuple[Any, Any, Any]:
@@ -242,12 +266,13 @@ def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: 
     if is_src:
         feed = EngineFeed(roles, opts.groups_per_step, opts.max_staleness, roles.world._stop)
         stack.callback(feed.close, pusher.stop, opts.dist_timeout)
-    pusher.push(trainer.model, trainer.step_count)  # the engines start from the trainer's (maybe resumed) weights
+    sync = AsyncSync(pusher, feed, roles.world)
+    sync.push(trainer)  # the engines start from the trainer's (maybe resumed) weights
     batches = feed.batches(trainer) if feed is not None else None
     if roles.trainer_dist is not None:
         batches = from_rank0(batches, roles.trainer_dist)
     assert batches is not None
-    return batches, AsyncSync(pusher, feed), feed
+    return batches, sync, feed
 
 
 def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
@@ -269,7 +294,10 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
     group = roles.rollouts[index]
 
     def send(*message: Any) -> None:
-        dist.send_object_list([message], dst=0, group=group)
+        try:
+            dist.send_object_list([message], dst=0, group=group)
+        except RuntimeError as exc:  # the trainer rank is gone
+            raise peer_lost(world, f"engine rank {world.rank} lost the trainer ({type(exc).__name__})") from None
 
     rollouts = EnvRollouts(
         opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=index
@@ -289,6 +317,10 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
                 counts = rollouts.counts
                 send("groups", step, groups, (counts.failed_rollouts, counts.failed_groups), unmatched)
         send("end")
+    except PeerLost:
+        raise
+    except TrainerGone as exc:
+        raise peer_lost(world, f"engine rank {world.rank}: {exc}") from None
     except Exception as exc:
         send("error", f"engine rank {world.rank}: {exc}")
         raise

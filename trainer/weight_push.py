@@ -23,10 +23,14 @@ from typing import Any
 
 from .fsdp import full_weights
 
-__all__ = ["WeightPusher", "WeightReceiver", "Layout", "STOP", "BUCKET_BYTES"]
+__all__ = ["WeightPusher", "WeightReceiver", "Layout", "STOP", "BUCKET_BYTES", "TrainerGone"]
 
 BUCKET_BYTES = 256 << 20  # one broadcast's payload: big enough to reach the link's bandwidth, small to stage
 STOP = -1
+
+
+class TrainerGone(RuntimeError):
+    """The receiver's connection to the trainer broke (the trainer rank died)."""
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,8 @@ class WeightReceiver:
         return got.version
 
     def wait_for(self, version: int, timeout: float) -> bool:
-        """Block until a push of at least `version` arrived; False when the trainer stopped the run first."""
+        """Block until a push of at least `version` arrived; False when the trainer stopped the run first.
+        A broken connection to the trainer raises TrainerGone."""
         from atropos_cli.errors import AtroposError
 
         deadline = time.monotonic() + timeout
@@ -235,5 +240,5 @@ class WeightReceiver:
                     )
                 self._cond.wait(min(left, 1.0))
             if self.error is not None and not self.stopped:
-                raise AtroposError(f"the trainer stopped pushing weights ({self.error})", hint="see rank 0's error")
+                raise TrainerGone(f"the trainer stopped pushing weights ({self.error})")
             return not self.stopped

@@ -131,7 +131,7 @@ def train_command(
             from atropos_cli.quiet import verbose
             from atropos_cli.trainer.launch import launch
 
-            launch(opts.nproc_per_node, sys.argv[1:], verbose())  # each rank re-runs this command
+            launch(opts.nproc_per_node, sys.argv[1:], verbose(), opts.inference_gpus)  # each rank re-runs this command
             return
         from atropos_cli.trainer.run import run_training
 
