@@ -103,3 +103,22 @@ def test_serve_pauses_at_the_api_staleness_bound(tmp_path: Path, monkeypatch: py
         batch = httpx.get(url + "/batch").json()["batch"]
     assert 2 <= queued <= 4, queued  # one batch = 2 groups of 2 (+ the workers already in flight), not 8
     assert all(group["meta"]["policy_version"] == 0 for group in batch)
+
+
+def test_a_trainer_behind_the_api_reports_the_staleness_of_versioned_groups(tmp_path: Path, trajectory_api):
+    """`atropos train --api-url`: batch 1 is trained at version 0, batch 2 at version 1; groups posted with
+    version 0 are 0 then 1 step stale, and the step metrics say so."""
+    from atropos_cli.trainer.grpo import GRPOConfig
+    from atropos_cli.trainer.run import RunOptions, run_training
+    from tiny_models import save_tiny_arith_model
+
+    model = save_tiny_arith_model(tmp_path / "m", op="+", seed=0)
+    with trajectory_api() as api:
+        _register(api.url, batch_size=4)
+        for token in (7, 8, 9, 10):
+            httpx.post(api.url + "/scored_data", json=_group(token, version=0)).raise_for_status()
+        opts = RunOptions(api_url=api.url, api_batch_size=4, wait_timeout=5)
+        seen: list[dict] = []
+        config = GRPOConfig(model=str(model), out=str(tmp_path / "run"), lr=1e-3, steps=2, save_every=0)
+        run_training(opts, config, seen.append)
+    assert [(m["staleness_mean"], m["staleness_max"]) for m in seen] == [(0.0, 0.0), (1.0, 1.0)]

@@ -34,7 +34,7 @@ from atropos_cli.types import ScoredGroup
 from .distributed import Dist
 from .weight_push import TrainerGone, WeightPusher, WeightReceiver
 
-__all__ = ["Roles", "split_roles", "trainer_source", "engine_loop", "staleness_metrics"]
+__all__ = ["Roles", "split_roles", "trainer_source", "engine_loop", "staleness_metrics", "StalenessProbe"]
 
 POLL_S = 0.2  # how often a waiting trainer looks at the Ctrl-C flag
 LAUNCHER_GRACE_S = 10.0  # how long a rank that lost a peer waits for the launcher to stop it
@@ -92,9 +92,9 @@ def split_roles(world: Dist, engines: int, timeout_s: float) -> Roles:
     return Roles(world, trainers, engines, control, data, rollouts, trainer_dist)
 
 
-def staleness_metrics(groups: list[ScoredGroup], version: int, bound: int) -> dict[str, float]:
-    """Per-sequence staleness (trainer version - the oldest version of its tokens): mean, max and a histogram
-    `staleness_<k>` (sequences k steps behind) for k = 0..bound."""
+def staleness_metrics(groups: list[ScoredGroup], version: int, bound: int | None) -> dict[str, float]:
+    """Per-sequence staleness (trainer version - the oldest version of its tokens, at least 0): mean, max and a
+    histogram `staleness_<k>` (sequences k steps behind) for k = 0..bound (None: up to the largest seen)."""
     ages = []
     for group in groups:
         meta = group.meta
@@ -102,8 +102,9 @@ def staleness_metrics(groups: list[ScoredGroup], version: int, bound: int) -> di
         for rollout in per_rollout:
             versions = rollout.policy_versions if rollout is not None else None
             oldest = min(versions) if versions else (meta.policy_version if meta is not None else None)
-            ages.append(version - oldest if oldest is not None else 0)
-    metrics: dict[str, float] = {f"staleness_{k}": float(ages.count(k)) for k in range(bound + 1)}
+            ages.append(max(0, version - oldest) if oldest is not None else 0)
+    top = max(ages, default=0) if bound is None else bound
+    metrics: dict[str, float] = {f"staleness_{k}": float(ages.count(k)) for k in range(top + 1)}
     metrics["staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
     metrics["staleness_max"] = float(max(ages, default=0))
     return metrics
@@ -139,6 +140,8 @@ class EngineFeed:
         self.last: dict[str, float] = {}  # staleness metrics of the batch handed out last
         self.dropped_stale = 0
         self.unmatched = 0
+        self.generate_s: dict[int, float] = {}  # each engine's sampling seconds so far
+        self._generate_reported = 0.0
         self._threads = [threading.Thread(target=self._receive, args=(i,), daemon=True) for i in range(roles.engines)]
         for thread in self._threads:
             thread.start()
@@ -167,8 +170,9 @@ class EngineFeed:
     def _handle(self, index: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "groups":
-            _, step, groups, failed, unmatched = message
+            _, step, groups, failed, unmatched, generate_s = message
             self.parts.setdefault(step, {})[index] = groups
+            self.generate_s[index] = generate_s
             self.counts.by_engine[index] = failed
             self.unmatched += unmatched
         elif kind == "end":
@@ -210,6 +214,8 @@ class EngineFeed:
             kept.append(group)
         self.last = staleness_metrics(kept, version, self.bound)
         self.last.update(stale_dropped=float(self.dropped_stale), versions_unmatched=float(self.unmatched))
+        total = sum(self.generate_s.values())  # the engines' sampling time since the last batch (all engines)
+        self.last["generate_s"], self._generate_reported = total - self._generate_reported, total
         return kept
 
     def close(self, stop_engines: Any, timeout: float) -> None:
@@ -227,6 +233,20 @@ class EngineFeed:
                 self.ended.add(got[0])
         for thread in self._threads:
             thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
+class StalenessProbe:
+    """`atropos train --api-url`: the staleness of each batch whose groups carry `meta.policy_version` (posted by
+    their producers), for the step's metrics."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, float] = {}
+
+    def watch(self, batches: Any, trainer: Any) -> Iterator[list[ScoredGroup]]:
+        for batch in batches:
+            versioned = any(g.meta is not None and g.meta.policy_version is not None for g in batch)
+            self.last = staleness_metrics(batch, trainer.step_count, None) if versioned else {}
+            yield batch
 
 
 class AsyncSync:
@@ -315,7 +335,8 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
                 unmatched = tag_versions(groups, backend.log, floor)
                 backend.log.clear()
                 counts = rollouts.counts
-                send("groups", step, groups, (counts.failed_rollouts, counts.failed_groups), unmatched)
+                failed = (counts.failed_rollouts, counts.failed_groups)
+                send("groups", step, groups, failed, unmatched, backend.generate_s)
         send("end")
     except PeerLost:
         raise

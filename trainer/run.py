@@ -351,7 +351,11 @@ def _run(
     rewards: list[float] = []
     summary = RunSummary(steps=trainer.step_count, checkpoint=None, max_len=trainer.config.max_len)
 
+    probe: Any = None  # --api-url: the staleness of batches whose producers posted policy versions
+
     def record(metrics: dict[str, Any]) -> None:
+        if probe is not None:
+            metrics.update(probe.last)
         if "reward_mean" in metrics:
             rewards.append(metrics["reward_mean"])
         summary.truncated += metrics.get("truncated", 0)
@@ -364,6 +368,11 @@ def _run(
             sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
         batches, sync, source = _source(opts, config, trainer, stack, on_event, roles)
+        if opts.api_url:
+            from .async_loop import StalenessProbe
+
+            probe = StalenessProbe()
+            batches = probe.watch(batches, trainer)
         if opts.save_rollouts and (dist is None or dist.is_main):
             batches = _saving(batches, out / TRAINED_ROLLOUTS, trainer)
         try:
