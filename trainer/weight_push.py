@@ -27,6 +27,7 @@ __all__ = ["WeightPusher", "WeightReceiver", "Layout", "STOP", "BUCKET_BYTES", "
 
 BUCKET_BYTES = 256 << 20  # one broadcast's payload: big enough to reach the link's bandwidth, small to stage
 STOP = -1
+POLL_S = 0.0005  # how often the receiver checks that a push's buckets have landed on the engine's GPU
 
 
 class TrainerGone(RuntimeError):
@@ -190,7 +191,12 @@ class WeightReceiver:
             with torch.cuda.stream(self._stream):
                 for bucket in buckets:
                     dist.broadcast(bucket, src=self.src, group=self.data)
-            self._stream.synchronize()
+                done = torch.cuda.Event()
+                done.record()
+            # polled, not synchronize(): a blocking sync in this thread is forbidden while the engine's thread
+            # captures a CUDA graph (global capture mode); a query is not
+            while not done.query():
+                time.sleep(POLL_S)
         else:
             for bucket in buckets:
                 dist.broadcast(bucket, src=self.src, group=self.data)
