@@ -145,6 +145,23 @@ def test_bounded_staleness_records_the_version_of_every_token(tmp_path: Path):
         assert checked > 0
 
 
+def test_several_trainer_ranks_and_several_engines(tmp_path: Path):
+    """3 ranks: 2 trainers (FSDP2 over their own group, sharded checkpoints) + 1 engine, and 1 trainer + 2 engines
+    (each engine samples its share of the step's groups)."""
+    two_trainers, two_engines = tmp_path / "t2", tmp_path / "e2"
+    flags = ["--steps", "2", "--groups-per-step", "3", "--env.group_size", "4", "--max-staleness", "1"]
+    flags += ["--nproc-per-node", "3", "--inference-gpus"]
+    _finish(
+        _start("train", "arithmetic", "--out", str(two_trainers), *flags, "1"),
+        _start("train", "arithmetic", "--out", str(two_engines), *flags, "2"),
+    )
+    for out in (two_trainers, two_engines):
+        assert [m["groups"] for m in _metrics(out)] == [3, 3]
+        assert all(m["staleness_max"] <= 1 for m in _metrics(out))
+    assert (two_trainers / "checkpoints" / "step-2" / "sharded" / ".metadata").is_file()
+    assert (two_engines / "checkpoints" / "step-2" / "model.safetensors").is_file()
+
+
 def _until_stepped(proc: subprocess.Popen, out: Path, steps: int) -> None:
     deadline = time.monotonic() + 120
     while not (out / "metrics.jsonl").is_file() or len((out / "metrics.jsonl").read_text().splitlines()) < steps:
