@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -91,10 +92,17 @@ def run_row(mode: str, model: str, lr: float, env: str, env_flags: list[str], ar
         "--save-every", "0", "--device", args.device, "--seed", "0", *env_flags, *flags,
     ]  # fmt: skip
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    # its own process group: a row past --timeout is stopped with its ranks (they hold the GPUs)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _, stderr = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return {"mode": mode, "error": f"timed out after {args.timeout:.0f} s (lower --steps or --groups)"}
     wall = time.perf_counter() - started
     if proc.returncode:
-        return {"mode": mode, "error": f"exit {proc.returncode}: {proc.stderr.strip()[-600:]}"}
+        return {"mode": mode, "error": f"exit {proc.returncode}: {stderr.strip()[-600:]}"}
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
     timed = rows[args.warmup :] or rows
     seconds = sum(r.get("loop_s", 0.0) for r in timed)

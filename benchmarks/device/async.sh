@@ -5,7 +5,8 @@
 source benchmarks/device/setup.sh
 MODELS="${MODELS:-0.5b}"
 python3 benchmarks/bench_async.py --models tiny --envs arithmetic --modes "async 1" --steps 2 --warmup 0 \
-  --groups 4 --timeout 120 2>&1 | tail -3 | tee "$OUT/smoke.log"
-grep -q "failed" "$OUT/smoke.log" && exit 1
+  --groups 4 --timeout 120 > "$OUT/smoke.log" 2>&1
+tail -5 "$OUT/smoke.log"
+grep -q '"error"' "$OUT/smoke.log" && exit 1
 python3 benchmarks/bench_async.py --models "$MODELS" --steps "${STEPS:-12}" --warmup 2 --groups "${GROUPS:-32}" \
   --long-tokens "${LONG:-512}" --timeout 240 --out "$OUT/async_$MODELS.md" 2>&1 | tee "$OUT/async_$MODELS.log"
