@@ -203,11 +203,12 @@ def test_ctrl_c_leaves_one_consistent_checkpoint(tmp_path: Path):
             os.killpg(launcher.pid, signal.SIGKILL)
     assert launcher.returncode == 130, stderr
     steps = len(_metrics(out))
-    assert [p.name for p in (out / "checkpoints").iterdir()] == [f"step-{steps}"]  # whole, no .tmp- left
+    saved = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert saved == [f"step-{steps}"], (saved, steps, stderr)  # whole, no .tmp- left
     state = json.loads((out / "checkpoints" / f"step-{steps}" / "trainer_state.json").read_text())
     assert state["step"] == steps
-    assert f"interrupted; the checkpoint {out}/checkpoints/step-{steps} holds the last step" in stderr
-    assert "Traceback" not in stderr and "internal error" not in stderr
+    assert f"interrupted; the checkpoint {out}/checkpoints/step-{steps} holds the last step" in stderr, stderr
+    assert "Traceback" not in stderr and "internal error" not in stderr, stderr
 
 
 @pytest.mark.parametrize(
