@@ -192,9 +192,18 @@ class RunOptions(BaseModel):
     nproc_per_node: int = Field(1, ge=1)
     """Processes (one per GPU) on this node: >1 launches the run through torchrun and shards the model with
     FSDP2. For several nodes use torchrun itself: torchrun --nnodes M --nproc-per-node N -m atropos_cli train."""
+    inference_gpus: int = Field(0, ge=0)
+    """Many-GPU runs: ranks (the last K of --nproc-per-node) that only generate rollouts with the local engine
+    while the others train; weights go to them over NCCL after every step (0: every rank samples, then trains)."""
+    max_staleness: int = Field(0, ge=0)
+    """With --inference-gpus: steps a rollout's policy may lag the policy it trains (0: on-policy, the
+    synchronous schedule; >0: generation overlaps training, with the IS correction on unless --is-mode says)."""
     dist_timeout: float = Field(1800.0, gt=0)
     """Many-GPU runs: seconds a rank waits in any collective (a batch from rank 0 included) before the run stops
     with an error."""
+    save_rollouts: bool = False
+    """Append the groups each step trains on to OUT/trained_rollouts.jsonl (key `trained_step`; with
+    --inference-gpus their meta holds the policy version of every token)."""
     resume: bool = False
     """Continue from the latest checkpoint in --out."""
     overwrite: bool = False
@@ -205,6 +214,37 @@ class RunOptions(BaseModel):
     """Also log to W&B (needs wandb)."""
     tensorboard: bool = False
     """Also log to TensorBoard (needs tensorboard)."""
+
+    def check_async(self) -> None:
+        """The disaggregated loop's flags fit together (a ConfigError with a hint otherwise)."""
+        from atropos_cli.errors import ConfigError
+
+        k = self.inference_gpus
+        if self.max_staleness and not k:
+            raise ConfigError("--max-staleness needs --inference-gpus", hint="add --inference-gpus 1 (or more)")
+        if not k:
+            return
+        if self.nproc_per_node <= k:
+            raise ConfigError(
+                f"--inference-gpus {k} needs --nproc-per-node above {k}: at least one rank must train",
+                hint=f"e.g. --nproc-per-node {k + 1} --inference-gpus {k}",
+            )
+        if self.data or self.api_url:
+            raise ConfigError(
+                "--inference-gpus is for the one-command loop (an env), not --data or --api-url",
+                hint="drop --inference-gpus, or train on an env: atropos train ENV --inference-gpus 1",
+            )
+        if self.inference != "local":
+            raise ConfigError(
+                f"--inference-gpus runs the local engine on its ranks; --inference {self.inference} with it is not "
+                "supported",
+                hint="use --inference local with --inference-gpus, or drop --inference-gpus",
+            )
+        if self.groups_per_step < k:
+            raise ConfigError(
+                f"--groups-per-step {self.groups_per_step} is below --inference-gpus {k}: an engine would idle",
+                hint=f"pass --groups-per-step {k} or more",
+            )
 
 
 def default_micro_batch_tokens(device: str, world: int, params: int) -> int:

@@ -50,6 +50,7 @@ class Dist:
     device: str  # cuda:<local rank> or cpu
     mesh: Any  # a 1-D DeviceMesh over all ranks (FSDP shards along it)
     _stop: threading.Event = field(default_factory=threading.Event)
+    group: Any = None  # the process group of these collectives (None: every rank; async_loop.py: the trainers)
 
     @property
     def is_main(self) -> bool:
@@ -60,7 +61,7 @@ class Dist:
         import torch.distributed as dist
 
         box = [obj if self.is_main else None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.group)
         return box[0]
 
     def gather(self, obj: Any) -> list[Any]:
@@ -68,7 +69,7 @@ class Dist:
         import torch.distributed as dist
 
         out: list[Any] = [None] * self.world
-        dist.all_gather_object(out, obj)
+        dist.all_gather_object(out, obj, group=self.group)
         return out
 
     def sum_floats(self, values: dict[str, float]) -> dict[str, float]:
@@ -84,7 +85,7 @@ class Dist:
         import torch.distributed as dist
 
         t = torch.tensor([value], device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return int(t.item())
 
     def stop_requested(self) -> bool:
@@ -104,9 +105,9 @@ class Dist:
         import torch.distributed as dist
 
         if self.device.startswith("cuda"):
-            dist.barrier(device_ids=[self.local_rank])
+            dist.barrier(group=self.group, device_ids=[self.local_rank])
         else:
-            dist.barrier()
+            dist.barrier(group=self.group)
 
     def close(self) -> None:
         import torch.distributed as dist

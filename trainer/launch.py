@@ -19,8 +19,9 @@ __all__ = ["launch"]
 MONITOR_INTERVAL_S = 0.5  # how often the launcher checks its ranks (a dead one stops the run this fast)
 
 
-def launch(nproc: int, argv: list[str], verbose: bool = False) -> None:
-    """Run `python -m atropos_cli *argv` on `nproc` local ranks; returns when all succeeded."""
+def launch(nproc: int, argv: list[str], verbose: bool = False, engines: int = 0) -> None:
+    """Run `python -m atropos_cli *argv` on `nproc` local ranks; returns when all succeeded. The last `engines`
+    ranks run rollout engines (`--inference-gpus`): a failure names the role too."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -51,8 +52,9 @@ def launch(nproc: int, argv: list[str], verbose: bool = False) -> None:
             how = f"was killed by {failure.signal_name()}"
         else:
             how = f"exited with code {failure.exitcode}"
+        role = " (it ran a rollout engine)" if int(rank) >= nproc - engines else ""
         error = RankFailed(
-            f"rank {rank} of {nproc} (pid {failure.pid}) {how}; the other ranks were stopped",
+            f"rank {rank} of {nproc} (pid {failure.pid}) {how}{role}; the other ranks were stopped",
             hint="rank errors are printed above; a kill without one is often the out-of-memory killer "
             "(check dmesg), and --resume continues from the last checkpoint",
         )

@@ -5,8 +5,9 @@ transformers engine, a vLLM server we launch, or a user's server) and hands `Env
 `grpo.train` as its batch iterator. Each step collects `groups_per_step` items concurrently (asyncio tasks
 over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
 synced, and only then is the next step collected: every group is sampled from the weights of the step before
-it (on-policy). Failed rollouts are counted, never dropped silently; groups without token ids are refused with
-a hint, since they cannot be trained on.
+it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the stream, so
+the same --seed samples the same rollouts from the same weights. Failed rollouts are counted, never dropped
+silently; groups without token ids are refused with a hint, since they cannot be trained on.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class EnvRollouts:
         self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
         self.env = env_cls(self.env_config, self.manager)
         self.counts = RolloutCounts()
+        self.items_taken = 0  # the item stream's index: seeds each item's requests, so --seed reproduces a run
         self.loop.run_until_complete(self.env.setup())
 
     @property
@@ -78,7 +80,8 @@ class EnvRollouts:
             items.append(item)
         if not items:
             return None
-        outcomes = await asyncio.gather(*(collect_group(self.env, item) for item in items))
+        first, self.items_taken = self.items_taken, self.items_taken + len(items)
+        outcomes = await asyncio.gather(*(collect_group(self.env, item, first + i) for i, item in enumerate(items)))
         groups: list[ScoredGroup] = []
         for outcome in outcomes:
             self.counts.add_failures(outcome)

@@ -32,6 +32,7 @@ from .sources import CheckedBatches, FileData, from_rank0, gathered
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
 CONFIG_FILE = "train_config.json"
+TRAINED_ROLLOUTS = "trained_rollouts.jsonl"  # --save-rollouts
 # Keys a resumed run may change without changing what is being trained.
 _RESUMABLE = {
     "grpo.steps",
@@ -48,6 +49,9 @@ _RESUMABLE = {
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
     "grpo.grad_sync",
     "run.dist_timeout",
+    "run.save_rollouts",
+    "run.max_staleness",
+    "run.inference_gpus",
     "run.vllm_gpu_memory_utilization",
     "run.vllm_sleep_mode",
     "run.vllm_probe_tolerance",
@@ -103,6 +107,7 @@ def _source(
     trainer: GRPOTrainer,
     stack: ExitStack,
     on_event: Callable[[str], None] = lambda _: None,
+    roles: Any = None,
 ):
     """(batch iterator, after-step sync, the env rollouts or the --data groups or None) for the chosen mode."""
     from .sources import api_batches, file_batches
@@ -111,6 +116,10 @@ def _source(
     sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
     dist = trainer.dist
+    if roles is not None:  # --inference-gpus: the engines are other ranks (async_loop.py)
+        from .async_loop import trainer_source
+
+        return trainer_source(opts, trainer, roles, stack, on_event)
     if opts.data:  # every rank reads the same files in the same order; the cursor skips what was trained
         data = _load_data(opts, trainer, on_event)
         batches = file_batches(data.groups, opts.groups_per_step, opts.epochs, config.seed)
@@ -243,6 +252,15 @@ def _load_data(opts: RunOptions, trainer: GRPOTrainer, on_event: Callable[[str],
     return data
 
 
+def _saving(batches: Any, path: Path, trainer: GRPOTrainer) -> Any:
+    """`batches`, each appended to `path` (one group a line, `trained_step`: the step that trains it)."""
+    for batch in batches:
+        with path.open("a") as f:
+            for group in batch:
+                f.write(json.dumps({**group.to_record(), "trained_step": trainer.step_count + 1}) + "\n")
+        yield batch
+
+
 def _cap_max_len(trainer: GRPOTrainer, on_event: Callable[[str], None]) -> None:
     """Rollouts longer than the model's positions cannot train correctly: max_len never exceeds them."""
     limit = max_positions(trainer.model)
@@ -281,6 +299,7 @@ def run_training(
     on_event: Callable[[str], None] = lambda _: None,
 ) -> RunSummary:
     out = Path(config.out)
+    opts.check_async()
     if opts.inference == "vllm-colocate" and not opts.data and not opts.api_url:
         from .vllm_colocate import check_can_colocate
 
@@ -295,6 +314,13 @@ def run_training(
         if dist is not None:
             dist.catch_stop_signals()
             dist.barrier()
+        if dist is not None and opts.inference_gpus:  # the disaggregated loop: this rank trains or samples
+            from .async_loop import engine_loop, split_roles
+
+            roles = split_roles(dist, opts.inference_gpus, opts.dist_timeout)
+            if roles.is_engine:
+                return RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
+            return _run(opts, config, on_step, on_event, roles.trainer_dist, roles)
         return _run(opts, config, on_step, on_event, dist)
     finally:
         if dist is not None:
@@ -307,6 +333,7 @@ def _run(
     on_step: Callable[[dict[str, Any]], None],
     on_event: Callable[[str], None],
     dist: Any,
+    roles: Any = None,
 ) -> RunSummary:
     out = Path(config.out)
     trainer = GRPOTrainer(config, dist=dist)
@@ -318,7 +345,11 @@ def _run(
     rewards: list[float] = []
     summary = RunSummary(steps=trainer.step_count, checkpoint=None, max_len=trainer.config.max_len)
 
+    probe: Any = None  # --api-url: the staleness of batches whose producers posted policy versions
+
     def record(metrics: dict[str, Any]) -> None:
+        if probe is not None:
+            metrics.update(probe.last)
         if "reward_mean" in metrics:
             rewards.append(metrics["reward_mean"])
         summary.truncated += metrics.get("truncated", 0)
@@ -327,10 +358,17 @@ def _run(
 
     with ExitStack() as stack:
         sink: Any = _NoSink()
-        if dist is None or dist.is_main:
+        if dist is None or dist.is_main:  # (the disaggregated loop's one trainer rank: dist None, rank 0)
             sink = MetricsSink(out, opts.wandb_project, opts.tensorboard, config.model_dump(mode="json"))
         stack.callback(sink.close)
-        batches, sync, source = _source(opts, config, trainer, stack, on_event)
+        batches, sync, source = _source(opts, config, trainer, stack, on_event, roles)
+        if opts.api_url:
+            from .async_loop import StalenessProbe
+
+            probe = StalenessProbe()
+            batches = probe.watch(batches, trainer)
+        if opts.save_rollouts and (dist is None or dist.is_main):
+            batches = _saving(batches, out / TRAINED_ROLLOUTS, trainer)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:

@@ -47,7 +47,8 @@ def save_sharded(out: Path, step: int, trainer: Any, state: dict[str, Any], keep
         (begin_checkpoint(out, step) / SHARDED).mkdir()
     dist.barrier()
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED))
+    # the trainers' group: a disaggregated run's engine ranks (async_loop.py) take no part
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / SHARDED), process_group=dist.group)
     torch.save(_rng_state(), tmp / SHARDED / f"rng-{dist.rank}.pt")
     _save_consolidated(tmp, trainer, dist)  # every rank joins the gathers; rank 0 writes
     if dist.is_main:
@@ -90,7 +91,7 @@ def load_sharded(checkpoint: Path, trainer: Any, dist: Dist) -> dict[str, Any]:
         return meta
     model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(checkpoint / SHARDED))
+    dcp.load(state, checkpoint_id=str(checkpoint / SHARDED), process_group=dist.group)
     set_state_dict(trainer.model, trainer.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
     rng = checkpoint / SHARDED / f"rng-{dist.rank}.pt"
     if meta.get("world_size") == dist.world and rng.is_file():  # the same ranks: continue their random streams

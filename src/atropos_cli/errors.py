@@ -259,6 +259,13 @@ class RankFailed(AtroposError):
     """A process of a many-GPU run died or exited with an error; the launcher stopped every other rank."""
 
 
+class PeerLost(AtroposError):
+    """A rank of a many-GPU run lost a peer rank (its connection reset): the launcher, which stops every rank,
+    names the rank that failed and how, so this rank exits without an error line of its own (`quiet`)."""
+
+    quiet = True
+
+
 class JudgeOutputError(AtroposError):
     """The judge's answer had no parseable score or verdict (after the retries)."""
 

@@ -58,6 +58,9 @@ class RolloutMeta(BaseModel):
     reward_parts: dict[str, float] | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
+    policy_versions: list[int] | None = None
+    """The policy version (trainer step) that produced each trained token (mask != -100), in order; a weight swap
+    mid-sequence shows as a step up. Set by the disaggregated loop's engines (`--inference-gpus`)."""
 
 
 class GroupMeta(BaseModel):
@@ -79,6 +82,9 @@ class GroupMeta(BaseModel):
     failed_rollouts: int = 0
     rollouts: list[RolloutMeta] | None = None
     tokens_missing: bool = False
+    policy_version: int | None = None
+    """The oldest policy version (trainer step) that produced any token of the group: the trajectory API and the
+    trainer measure staleness from it (trainer step - policy_version)."""
 
 
 def _is_list_of_lists(value: object) -> bool:
@@ -164,6 +170,19 @@ class ScoredGroup(BaseModel):
     def to_scored_data(self) -> dict[str, Any]:
         """The exact Atropos `ScoredData` dict (14 keys, nulls included), as the trajectory API serves it."""
         return {key: getattr(self, key) for key in SCORED_DATA_KEYS}
+
+    def to_wire(self) -> dict[str, Any]:
+        """What goes over HTTP (POST /scored_data, GET /batch): `to_scored_data()`, plus `meta` with only the
+        policy versions when the group has them (an extra optional key: Atropos' readers ignore it)."""
+        data = self.to_scored_data()
+        version = self.meta.policy_version if self.meta is not None else None
+        if version is None:
+            return data
+        meta: dict[str, Any] = {"policy_version": version}
+        rollouts = self.meta.rollouts if self.meta is not None else None
+        if rollouts and any(r.policy_versions is not None for r in rollouts):
+            meta["rollouts"] = [{"policy_versions": r.policy_versions} for r in rollouts]
+        return {**data, "meta": meta}
 
     def to_record(self) -> dict[str, Any]:
         """The dict written to jsonl: Atropos' keys plus `meta`, without empty optional keys."""

@@ -195,7 +195,7 @@ class ApiClient:
         """POST one group to /scored_data or several to /scored_data_list; `env_id` is stamped on each."""
         payloads = []
         for group in groups:
-            data = group.to_scored_data()
+            data = group.to_wire()
             if env_id is not None:
                 data["env_id"] = env_id
             payloads.append(data)

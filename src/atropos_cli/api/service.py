@@ -9,6 +9,7 @@ deliberate differences: a bounded queue (`ApiBusy` -> 503), groups refused until
 
 from __future__ import annotations
 
+import json
 import math
 import uuid
 from collections import deque
@@ -19,6 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from atropos_cli.api.metrics import ApiMetrics, QueueGauges
 from atropos_cli.api.queue import BatchQueue, EnvSlot, QueuedGroup
+from atropos_cli.api.staleness import StaleMode, StalenessGuard
 from atropos_cli.api.store import GROUP_BUFFERED, GROUP_QUEUED, Store
 from atropos_cli.errors import ApiBusy, ApiConflict, ApiInvalid, ApiNotFound
 
@@ -40,6 +42,8 @@ class ApiSettings(BaseModel):
     """The address the server is bound to: a `Host` naming it is answered (see `httpguard.HostPolicy`)."""
     allowed_hosts: list[str] = Field(default_factory=list)
     """Names besides loopback and the bound address that requests may use in `Host` (`*`: any)."""
+    max_staleness: int | None = Field(None, ge=0)  # staleness.py: None = no bound
+    stale_mode: StaleMode = "hold"
 
 
 class Registration(BaseModel):
@@ -75,6 +79,7 @@ class IngestItem:
     env_id: int | None
     size: int
     payload: bytes
+    policy_version: int | None = None  # meta.policy_version: the trainer step that sampled the group
 
 
 class ApiService:
@@ -90,6 +95,7 @@ class ApiService:
         self.pending: deque[tuple[int, list[QueuedGroup]]] = deque()
         self.latest: bytes | None = None  # one group's bytes: /latest_example outlives the batch
         self.restore_notes: list[str] = []  # what the restore had to repair (the CLI prints them)
+        self.staleness = StalenessGuard(settings.max_staleness, settings.stale_mode)
         self._restore()
 
     # ---- lifecycle ----------------------------------------------------------------------------------
@@ -109,6 +115,8 @@ class ApiService:
                 slot.buffer.append(group)
             else:
                 self.queue.enqueue(group)
+            if self.staleness.bound is not None:
+                self.staleness.note(gid, _policy_version(self.store.payload(gid)))
         for batch_id, members in state.batches:
             self.pending.append((batch_id, [QueuedGroup(gid, None, size) for gid, size in members]))
         self._next_gid = self.store.max_gid() + 1
@@ -144,6 +152,7 @@ class ApiService:
         self.env_info.clear()
         self.pending.clear()
         self.latest = None
+        self.staleness = StalenessGuard(self.settings.max_staleness, self.settings.stale_mode)
 
     # ---- registration -------------------------------------------------------------------------------
     def register(self, reg: Registration) -> int:
@@ -238,8 +247,14 @@ class ApiService:
         moved: list[int] = []
         answers: list[dict[str, Any]] = []
         for item in items:
+            if self.staleness.refuses(item.policy_version, self.step):
+                behind = self.step - (item.policy_version or 0)
+                answers.append({"status": "dropped", "reason": f"stale: {behind} steps behind the trainer"})
+                self.metrics.on_reject("stale")
+                continue
             gid = self._next_gid
             self._next_gid += 1
+            self.staleness.note(gid, item.policy_version)
             entered = self.queue.add(QueuedGroup(gid, item.env_id, item.size))
             in_queue = any(g.gid == gid for g in entered)
             rows.append((gid, item.env_id, item.size, GROUP_QUEUED if in_queue else GROUP_BUFFERED, item.payload))
@@ -251,7 +266,8 @@ class ApiService:
                 slot = self.queue.envs[item.env_id]  # type: ignore[index]
                 answers.append({"status": "buffered", "buffer_size": sum(g.size for g in slot.buffer)})
             self.metrics.on_ingest(self._env_label(item.env_id), 1, item.size)
-        await self.store.add_groups_durably(rows, moved)
+        if rows:
+            await self.store.add_groups_durably(rows, moved)
         return answers
 
     def _env_label(self, env_id: int | None) -> str:
@@ -279,9 +295,13 @@ class ApiService:
 
     def _form(self, limit: int) -> None:
         for _ in range(limit):
+            stale = self.staleness.purge(self.queue, self.step)  # drop mode: what this batch would serve too stale
+            if stale:
+                self.store.drop_groups([g.gid for g in stale])
             groups = self.queue.take_batch()
             if groups is None:
                 return
+            self.staleness.served(groups, self.step)  # the batch of step k is trained at version k-1
             self.step += 1
             batch_id = self._next_batch
             self._next_batch += 1
@@ -290,7 +310,7 @@ class ApiService:
 
     # ---- status -------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
-        return {"current_step": self.step, "queue_size": len(self.queue.queue)}
+        return {"current_step": self.step, "queue_size": len(self.queue.queue), **self.staleness.status()}
 
     def status_env(self, env_id: int) -> dict[str, Any]:
         if env_id not in self.env_info:
@@ -319,6 +339,7 @@ class ApiService:
             "self_queue_size": own // group_size,
             "max_group_size": max_group,
             "env_weight": weight,
+            **self.staleness.status(),
         }
 
     def latest_example(self) -> bytes | None:
@@ -332,3 +353,10 @@ class ApiService:
             groups[label] = groups.get(label, 0) + len(handles)
             seqs[label] = seqs.get(label, 0) + sum(g.size for g in handles.values())
         return QueueGauges(self.step, groups, seqs, self.queue.buffered_count(), len(self.pending))
+
+
+def _policy_version(payload: bytes | None) -> int | None:
+    """meta.policy_version of a stored group's bytes (None when it has none)."""
+    meta = json.loads(payload).get("meta") if payload else None
+    version = meta.get("policy_version") if isinstance(meta, dict) else None
+    return version if isinstance(version, int) else None

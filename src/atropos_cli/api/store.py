@@ -179,6 +179,13 @@ class Store:
             self.db.executemany("UPDATE groups SET batch_id=? WHERE gid=?", [(batch_id, g) for g in gids])
             self._set_kv("step", step)
 
+    def drop_groups(self, gids: list[int]) -> None:
+        """Delete queued groups that will never be served (the staleness bound's drop mode)."""
+        self.flush()
+        with self.db:
+            self.db.execute("BEGIN")
+            self.db.executemany("DELETE FROM groups WHERE gid=?", [(g,) for g in gids])
+
     def pop_batch(self, batch_id: int) -> list[bytes]:
         """Read a formed batch's payloads (arrival order) and delete it: it is served."""
         with self.db:

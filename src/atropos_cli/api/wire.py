@@ -1,5 +1,6 @@
 """The HTTP edge of the trajectory API: bounded body reading, gzip inflation with a limit, strict JSON, and
-group validation into the exact bytes a batch will carry.
+group validation into the exact bytes a batch will carry (Atropos' 14 ScoredData keys, plus `meta` with the
+policy versions when the producer sent `meta.policy_version`).
 
 `app.py` calls these; they raise `WireError` (status code + message + metrics reason), never return partial
 results. JSON is parsed with orjson, which rejects NaN and Infinity (Python's json accepts them), and groups
@@ -102,8 +103,9 @@ def to_ingest_item(data: Any, index: int | None = None, vocab_size: int | None =
     if group.env_id is not None and group.env_id < 0:
         raise WireError(422, f"invalid {where}: env_id {group.env_id} is negative", "invalid_group",
                         hint="use the env_id that /register-env returned")  # fmt: skip
+    version = group.meta.policy_version if group.meta is not None else None
     try:
-        payload = orjson.dumps(group.to_scored_data())
+        payload = orjson.dumps(group.to_wire())
     except TypeError as exc:  # e.g. an integer beyond 64 bits, which no trainer could read either
         raise WireError(422, f"invalid {where}: {exc}", "invalid_group") from None
-    return IngestItem(env_id=group.env_id, size=group.size, payload=payload)
+    return IngestItem(env_id=group.env_id, size=group.size, payload=payload, policy_version=version)

@@ -45,6 +45,15 @@ def api_command(
     ] = False,
     fsync: Annotated[bool, typer.Option(help="fsync every commit (survives power loss, not only kill -9).")] = False,
     mix: Annotated[str, typer.Option(help="Batch composition: fifo (Atropos) or weighted (by env weight).")] = "fifo",
+    max_staleness: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="Bound on a group's staleness (trainer step - the meta.policy_version its producer posted): "
+            "producers that follow /status pause (hold) or stale groups are dropped and counted (--stale-mode drop).",
+        ),
+    ] = None,
+    stale_mode: Annotated[str, typer.Option(help="With --max-staleness: hold (pace producers) or drop.")] = "hold",
     status_every: Annotated[float, typer.Option(help="Seconds between status lines (0: none).")] = 10.0,
     allowed_host: AllowedHosts = None,
     **limits: Any,
@@ -52,6 +61,8 @@ def api_command(
     """Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire)."""
     if mix not in ("fifo", "weighted"):
         raise fail(f"unknown --mix {mix!r}", hint="use fifo or weighted")
+    if stale_mode not in ("hold", "drop"):
+        raise fail(f"unknown --stale-mode {stale_mode!r}", hint="use hold or drop")
     with cli_errors():
         from atropos_cli.api.app import create_app
         from atropos_cli.api.service import ApiSettings
@@ -67,6 +78,8 @@ def api_command(
             mix=mix,  # type: ignore[arg-type]
             host=host,
             allowed_hosts=allowed_host or [],
+            max_staleness=max_staleness,
+            stale_mode=stale_mode,  # type: ignore[arg-type]
         )
         app = create_app(settings, on_tick=_status_line if status_every > 0 else None, tick_s=status_every or 1.0)
         service = app.state.service

@@ -64,6 +64,8 @@ def cli_errors() -> Iterator[None]:
     try:
         yield
     except AtroposError as exc:
+        if getattr(exc, "quiet", False):  # reported by someone else (errors.PeerLost: the launcher)
+            sys.exit(exc.exit_code)
         raise fail(exc.text, exc.hint, exc.exit_code) from None
     except KeyboardInterrupt:
         err_console.print("interrupted", style="yellow")

@@ -131,7 +131,7 @@ def train_command(
             from atropos_cli.quiet import verbose
             from atropos_cli.trainer.launch import launch
 
-            launch(opts.nproc_per_node, sys.argv[1:], verbose())  # each rank re-runs this command
+            launch(opts.nproc_per_node, sys.argv[1:], verbose(), opts.inference_gpus)  # each rank re-runs this command
             return
         from atropos_cli.trainer.run import run_training
 
@@ -183,7 +183,9 @@ def _configs(values: dict[str, Any], env: str | None, out: Path | None, dotted: 
     grpo = validate_model(GRPOConfig, grpo_values, "train")
     grpo.loss_config()  # an unknown --loss fails here, before any model loads
     grpo.check_lora()  # and so do bad --lora-* values
-    return grpo, validate_model(RunOptions, run_values, "train")
+    opts = validate_model(RunOptions, run_values, "train")
+    opts.check_async()  # so do --inference-gpus / --max-staleness that do not fit, before torchrun starts
+    return grpo, opts
 
 
 def _report(summary: Any, asked: int) -> None:

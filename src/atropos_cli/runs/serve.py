@@ -85,6 +85,7 @@ class _Server:
         self.backlog: list[Any] = []
         self.exhausted = False
         self.unsent = 0  # groups collected and not yet acknowledged by the API (outbox + the one being posted)
+        self.api_bound: int | None = None  # /status-env's max_staleness (the API bounds staleness)
         self.fatal: BaseException | None = None
         self.batch_size = self.cfg.batch_size
         self.max_token_len = self.cfg.max_token_length
@@ -193,6 +194,7 @@ class _Server:
                 if self.batch_size > 0 and self._past_total_steps(status):
                     self.event(f"reached total_steps {self.cfg.total_steps}: stopping")
                     break
+                self.api_bound = status.get("max_staleness")  # the API's staleness bound, when it has one
                 self.stats.paused = self._offpolicy_full(status) or self._eval_blocks(eval_task)
                 if not self.stats.paused:
                     await self._add_workers(int(status["queue_size"]))
@@ -222,11 +224,20 @@ class _Server:
         ahead = int(status["queue_size"]) * self.cfg.group_size // self.batch_size
         return int(status["current_step"]) + ahead > self.cfg.total_steps
 
+    def _offpolicy_batches(self) -> int:
+        """Batches that may wait in the queue: the env's max_batches_offpolicy, and at most S+1 when the API
+        bounds staleness by S (a group posted behind S+1 batches would be trained more than S steps late)."""
+        limit = self.cfg.max_batches_offpolicy
+        bound = self.api_bound
+        if isinstance(bound, int):
+            limit = bound + 1 if limit <= 0 else min(limit, bound + 1)
+        return limit
+
     def _offpolicy_full(self, status: dict[str, Any]) -> bool:
-        if self.cfg.max_batches_offpolicy <= 0 or self.batch_size <= 0:
+        if self._offpolicy_batches() <= 0 or self.batch_size <= 0:
             return False
         queued = (int(status["queue_size"]) + self.unsent) * self.cfg.group_size
-        return queued >= self.cfg.max_batches_offpolicy * self.batch_size
+        return queued >= self._offpolicy_batches() * self.batch_size
 
     def _eval_blocks(self, eval_task: asyncio.Task[None] | None) -> bool:
         return self.cfg.eval_handling == "STOP_TRAIN" and eval_task is not None and not eval_task.done()
@@ -236,8 +247,8 @@ class _Server:
         if cap <= 0:
             servers = len(getattr(self.env.server, "configs", None) or [None])
             cap = self.cfg.max_num_workers_per_node * servers
-        if self.cfg.max_batches_offpolicy > 0 and self.batch_size > 0:
-            room = self.cfg.max_batches_offpolicy * self.batch_size // self.cfg.group_size - queue_size
+        if self._offpolicy_batches() > 0 and self.batch_size > 0:
+            room = self._offpolicy_batches() * self.batch_size // self.cfg.group_size - queue_size
             cap = min(cap, max(room, 1))
         return cap
 
@@ -286,6 +297,7 @@ class _Server:
 
     # ---- workers and sender -------------------------------------------------------------------------
     async def _work(self, item: Any) -> None:
+        started_step = self.stats.step  # the trainer step when sampling began: the group's policy version
         try:
             outcome = await asyncio.wait_for(collect_group(self.env, item), self.cfg.worker_timeout)
         except asyncio.TimeoutError:
@@ -306,6 +318,8 @@ class _Server:
             if self.max_token_len > 0 and any(len(t) >= self.max_token_len for t in group.tokens):
                 self.stats.counts.drop("too long")
                 continue
+            if group.meta is not None and group.meta.policy_version is None:
+                group.meta.policy_version = started_step
             if self.writer is not None:
                 self.writer.write(group)
             self._to_outbox(group)

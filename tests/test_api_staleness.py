@@ -1,0 +1,124 @@
+"""The trajectory API knows policy versions: they travel through `GET /batch`, `--max-staleness` paces
+`atropos serve` (hold) or drops stale groups and counts them (drop). A real API on 127.0.0.1 in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from atropos_cli.api.queue import BatchQueue, QueuedGroup
+from atropos_cli.api.staleness import StalenessGuard
+from atropos_cli.runs.serve import ServeOptions
+from atropos_cli.types import SCORED_DATA_KEYS
+from test_serve import _serve_until_paused, load, running_api, start_trainer
+
+
+def _group(first_token: int, version: int | None = None, size: int = 2) -> dict[str, Any]:
+    group: dict[str, Any] = {
+        "tokens": [[first_token, 5, 6]] * size,
+        "masks": [[-100, 5, 6]] * size,
+        "scores": [float(i % 2) for i in range(size)],
+    }
+    if version is not None:
+        per_token = [{"policy_versions": [version, version + 1]} for _ in range(size)]
+        group["meta"] = {"policy_version": version, "rollouts": per_token, "env": "x"}
+    return group
+
+
+def _register(url: str, batch_size: int = 4) -> None:
+    reg = {
+        "wandb_group": "g", "wandb_project": "p", "batch_size": batch_size, "max_token_len": 64,
+        "checkpoint_dir": "c", "save_checkpoint_interval": 0, "starting_step": 0, "num_steps": 100,
+    }  # fmt: skip
+    httpx.post(url + "/register", json=reg).raise_for_status()
+
+
+def test_versions_travel_through_the_batch_and_plain_groups_keep_atropos_shape():
+    with running_api() as url:
+        _register(url)
+        httpx.post(url + "/scored_data", json=_group(1, version=3)).raise_for_status()
+        httpx.post(url + "/scored_data", json=_group(2)).raise_for_status()
+        batch = httpx.get(url + "/batch").json()["batch"]
+        status = httpx.get(url + "/status").json()
+    versioned, plain = batch
+    assert versioned["meta"] == {"policy_version": 3, "rollouts": [{"policy_versions": [3, 4]}] * 2}
+    assert set(plain) == set(SCORED_DATA_KEYS)  # nothing extra for a producer that sends no version
+    assert set(status) == {"current_step", "queue_size"}  # no bound: Atropos' exact /status
+
+
+def test_hold_mode_serves_every_group_and_counts_the_stale_ones():
+    with running_api(max_staleness=0) as url:
+        _register(url)
+        for token, version in ((1, 0), (2, 0), (3, 0), (4, 0)):
+            assert httpx.post(url + "/scored_data", json=_group(token, version)).json()["status"] == "received"
+        first = httpx.get(url + "/batch").json()["batch"]  # step 1, trained at version 0: fresh
+        second = httpx.get(url + "/batch").json()["batch"]  # step 2, trained at version 1: 1 step stale
+        status = httpx.get(url + "/status").json()
+    assert [g["tokens"][0][0] for g in first + second] == [1, 2, 3, 4]  # held, never dropped
+    assert (status["max_staleness"], status["stale_served"], status["stale_dropped"]) == (0, 2, 0)
+
+
+def test_drop_mode_refuses_stale_groups_at_ingest_and_counts_them():
+    with running_api(max_staleness=1, stale_mode="drop") as url:
+        _register(url)
+        for token in (1, 2, 3, 4, 5, 6):
+            httpx.post(url + "/scored_data", json=_group(token, version=0)).raise_for_status()
+        httpx.get(url + "/batch").raise_for_status()  # steps 1 and 2 formed (one prefetched)
+        answer = httpx.post(url + "/scored_data", json=_group(7, version=0)).json()  # would train at version 2
+        fresh = httpx.post(url + "/scored_data", json=_group(8, version=2)).json()
+        unversioned = httpx.post(url + "/scored_data", json=_group(9)).json()
+        status = httpx.get(url + "/status").json()
+        metrics = httpx.get(url + "/metrics").text
+    assert answer["status"] == "dropped" and "2 steps behind" in answer["reason"]
+    assert fresh["status"] == unversioned["status"] == "received"
+    assert status["stale_dropped"] == 1
+    assert "stale" in metrics
+
+
+def test_drop_mode_purges_queued_groups_that_became_too_stale():
+    queue = BatchQueue(batch_size=4)
+    guard = StalenessGuard(bound=1, mode="drop")
+    for gid, version in ((1, 0), (2, 3), (3, None)):
+        queue.enqueue(QueuedGroup(gid, None, 2))
+        guard.note(gid, version)
+    assert [g.gid for g in guard.purge(queue, step=2)] == [1]  # 2 steps stale; 2 is fresh; 3 has no version
+    assert list(queue.queue) == [2, 3] and guard.dropped == 1
+    assert StalenessGuard(bound=1).purge(queue, step=9) == []  # hold mode never drops
+
+
+def test_serve_pauses_at_the_api_staleness_bound(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The env allows 4 batches off-policy, the API's bound S=0 allows one: serve holds back after one batch,
+    and stamps each group with the trainer step its sampling began at."""
+    monkeypatch.setenv("SERVE_TEST_DELAY", "0.05")
+    with running_api(max_staleness=0) as url:
+        start_trainer(url, batch_size=4)  # registers and pulls once: current_step 0, no batch formed yet
+        loaded = load("--env.max_batches_offpolicy", "4", "--env.max_num_workers", "8")
+        options = ServeOptions(api_url=url, poll_s=0.02, spill_path=str(tmp_path / "spill.jsonl"))
+        asyncio.run(_serve_until_paused(loaded, options, url))
+        queued = httpx.get(url + "/status").json()["queue_size"]
+        batch = httpx.get(url + "/batch").json()["batch"]
+    assert 2 <= queued <= 4, queued  # one batch = 2 groups of 2 (+ the workers already in flight), not 8
+    assert all(group["meta"]["policy_version"] == 0 for group in batch)
+
+
+def test_a_trainer_behind_the_api_reports_the_staleness_of_versioned_groups(tmp_path: Path, trajectory_api):
+    """`atropos train --api-url`: batch 1 is trained at version 0, batch 2 at version 1; groups posted with
+    version 0 are 0 then 1 step stale, and the step metrics say so."""
+    from atropos_cli.trainer.grpo import GRPOConfig
+    from atropos_cli.trainer.run import RunOptions, run_training
+    from tiny_models import save_tiny_arith_model
+
+    model = save_tiny_arith_model(tmp_path / "m", op="+", seed=0)
+    with trajectory_api() as api:
+        _register(api.url, batch_size=4)
+        for token in (7, 8, 9, 10):
+            httpx.post(api.url + "/scored_data", json=_group(token, version=0)).raise_for_status()
+        opts = RunOptions(api_url=api.url, api_batch_size=4, wait_timeout=5)
+        seen: list[dict] = []
+        config = GRPOConfig(model=str(model), out=str(tmp_path / "run"), lr=1e-3, steps=2, save_every=0)
+        run_training(opts, config, seen.append)
+    assert [(m["staleness_mean"], m["staleness_max"]) for m in seen] == [(0.0, 0.0), (1.0, 1.0)]
