@@ -34,7 +34,9 @@ ENTRY_POINT_GROUP = "atropos.envs"
 BUNDLED_PACKAGE = "atropos_cli.envs"
 
 # `PREFIX:TARGET` -> the adapter module that turns TARGET into an env class (one line per framework).
-ADAPTERS: dict[str, str] = {}
+ADAPTERS: dict[str, str] = {
+    "openenv": "atropos_cli.adapters.openenv",
+}
 
 
 @dataclass(frozen=True)
