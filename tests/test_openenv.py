@@ -22,6 +22,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
+from adapter_cases import OPENENV_CASE, python_of
 from atropos_cli.cli.app import app
 from atropos_cli.tokens import MASKED
 
@@ -30,9 +31,12 @@ SETUP = (
     "python3 -m venv /tmp/openenv-venv && /tmp/openenv-venv/bin/pip install openenv==0.10.0, then `openenv init "
     "echo_env` and pip install it and tests/openenv_envs/guess_env there (.ci/run does all this)"
 )
-pytestmark = pytest.mark.skipif(
-    not PYTHON or not Path(PYTHON).exists(), reason=f"set ATROPOS_OPENENV_PYTHON to openenv's venv: {SETUP}"
-)
+
+
+@pytest.fixture(autouse=True)
+def openenv_venv() -> None:
+    """Skip without openenv's venv here; in CI (which builds it) its absence fails."""
+    python_of(OPENENV_CASE)
 
 
 @cache
@@ -96,7 +100,7 @@ def test_echo_env_from_its_package_trains_and_stops(tmp_path):
             # echo: reward = min(0.1 * len(message), 1) per step, never done: cut after max_turns
             replies = [m["content"] for m in chat if m["role"] == "assistant"]
             assert rollout["step_rewards"] == [pytest.approx(min(0.1 * len(r), 1.0)) for r in replies]
-            assert score == pytest.approx(sum(rollout["step_rewards"])) and rollout["truncated"]
+            assert score == pytest.approx(sum(rollout["step_rewards"])) and rollout["reward_parts"]["truncated"] == 1
             assert chat[0]["content"] == "Echo Env environment ready!" and chat[2]["content"] == replies[0]
         assert_faithful(group)
 
@@ -114,10 +118,11 @@ def test_guess_env_multi_turn_episodes_end_on_done(tmp_path):
         for score, rollout, chat in zip(group["scores"], group["meta"]["rollouts"], group["messages"], strict=True):
             assert chat[0] == {"role": "system", "content": "Answer with one digit."}
             assert score == sum(rollout["step_rewards"]) and score in (0.0, 1.0)
-            assert not rollout["truncated"] or (rollout["turns"] == 3 and score == 0.0)
-            turns.append(rollout["turns"])
+            parts = rollout["reward_parts"]
+            assert not parts["truncated"] or (parts["turns"] == 3 and score == 0.0)
+            turns.append(parts["turns"])
             feedback = [m["content"] for m in chat[2:] if m["role"] == "user"]
-            assert len(feedback) == rollout["turns"] - 1  # the env's answer after every reply but the last
+            assert len(feedback) == parts["turns"] - 1  # the env's answer after every reply but the last
     assert max(turns) > 1  # multi-turn episodes happened
 
 

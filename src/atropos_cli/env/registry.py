@@ -28,13 +28,14 @@ from atropos_cli.env.aliases import ALIASES, install_aliases
 from atropos_cli.env.base import BaseEnv
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
 
-__all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names", "ADAPTERS", "adapter_module"]
+__all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names", "ADAPTERS", "adapter_module", "spec_stem"]
 
 ENTRY_POINT_GROUP = "atropos.envs"
 BUNDLED_PACKAGE = "atropos_cli.envs"
 
 # `PREFIX:TARGET` -> the adapter module that turns TARGET into an env class (one line per framework).
 ADAPTERS: dict[str, str] = {
+    "gym": "atropos_cli.adapters.gym",
     "openenv": "atropos_cli.adapters.openenv",
 }
 
@@ -174,6 +175,16 @@ def adapter_module(prefix: str) -> ModuleType:
         raise EnvLoadError(
             f"the {prefix}: adapter failed to import: {exc}", hint="reinstall atropos (pip install -e .)"
         ) from None
+
+
+def spec_stem(spec: str) -> str:
+    """A short file-name-safe name of an env spec, for default output dirs: `my_env.py:Env` -> `my_env`,
+    `gym:games:GuessNumber-v0` -> `gym-GuessNumber-v0`, `vf:reverse_text` -> `vf-reverse_text`."""
+    head, _, rest = spec.partition(":")
+    if head in ADAPTERS and rest:
+        tail = re.split(r"[:/\\]", rest.rstrip("/\\"))[-1]
+        return f"{head}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(tail).stem or tail)}"
+    return Path(head).stem
 
 
 def _resolve_adapter(prefix: str, target: str, spec: str) -> type[BaseEnv]:

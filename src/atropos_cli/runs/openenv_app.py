@@ -125,7 +125,6 @@ async def _ws_answer(session: Session, message: Any) -> dict[str, Any] | None:
 
 def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
     """The FastAPI app serving `exported` (the env's `setup()` runs at startup)."""
-    from atropos_cli import __version__
     from atropos_cli.runs.envcall import call_env
 
     @asynccontextmanager
@@ -137,7 +136,9 @@ def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
         http.close()
         await exported.env.server.aclose()
 
-    app = FastAPI(title=f"OpenEnv: {exported.env.name} (atropos export)", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title=f"OpenEnv: {exported.env.name} (atropos export)", version=str(exported.env.version), lifespan=lifespan
+    )
     http = Session(exported)
     http_lock = asyncio.Lock()
 

@@ -1,15 +1,17 @@
 """`openenv:URL` / `openenv:PACKAGE`: an OpenEnv env server as one of our envs (`load_openenv_env(target)`).
 
-An item is one episode seed (train: 0, 1, 2, ...; eval: `eval_size` seeds with `split="eval"` in the reset).
-Each rollout of a group opens its own session (`/ws`), resets with the item's seed, and plays: the observation
-becomes chat messages (`wire.observation_messages`), the model replies, the reply text is the action's
-text field, and `step` answers with a reward, `done` and the next observation, until `done` or `max_turns`
-replies. The rollout's score is the episode return (the sum of the step rewards, a missing reward counts 0);
-the step rewards, turns and truncation are in the group's `meta.rollouts`.
+An `EpisodeEnv` (adapters/episodes: the items, the group record, step rewards in meta), with OpenEnv's own
+turn loop. An item is one episode; its seed is the episode's index (train: 0, 1, 2, ...; eval:
+`eval_episodes` of them, `split="eval"` in the reset), so `atropos export openenv` servers replay item k for
+seed k. Each rollout of a group opens its own session (`/ws`; at most `max_sessions` at once), resets with the
+item's seed, and plays: the observation becomes chat messages (`wire.observation_messages`: a chat the env
+sends is kept as a chat), the model replies, the reply text is the action's text field, and `step` answers
+with a reward, `done` and the next observation, until `done` or `max_turns` replies. The score is the episode
+return (the sum of the step rewards, a missing reward counts 0).
 
 Tokens are exact across turns (`TokenTrace`: the model's own token ids, masked bridges), so the groups train.
 The first turn of a group is one request for all `group_size` replies (as a SimpleEnv asks), shared by the
-rollouts whose reset observation is the same; it is seeded by the run seed, the item's seed and the episode id
+rollouts whose reset observation is the same; it is seeded by the run seed, the item's seed and the item id
 the server reports (`metadata.item_id`, which `atropos export openenv` sends), so an exported env read back
 here samples what it samples when run directly. A session that fails (the server's error, a dropped socket)
 is that rollout's failure record; the group keeps the others.
@@ -18,13 +20,16 @@ is that rollout's failure record; the group keeps the others.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field
 
+from atropos_cli.adapters.episodes import EpisodeConfig, EpisodeEnv, Played
 from atropos_cli.adapters.openenv.local import LocalServer, is_url
 from atropos_cli.adapters.openenv.wire import (
     OpenEnvSession,
@@ -33,20 +38,17 @@ from atropos_cli.adapters.openenv.wire import (
     observation_messages,
     pick_action_field,
 )
-from atropos_cli.config import EnvConfig
-from atropos_cli.env.base import BaseEnv, record_failure
-from atropos_cli.env.multiturn import TokenTrace
-from atropos_cli.errors import ServerUnreachableError
+from atropos_cli.env.base import BaseEnv
+from atropos_cli.env.multiturn import TokenTrace, gather_rollouts
 from atropos_cli.inference.base import Choice, seeded_requests
-from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
+from atropos_cli.types import Message, ScoredGroup
 
 __all__ = ["OpenEnvConfig", "OpenEnvEnv", "load_openenv_env"]
 
 
-class OpenEnvConfig(EnvConfig):
+class OpenEnvConfig(EpisodeConfig):
     """Options of an `openenv:` env (`--env.max_turns 4`, ...), beside the usual env fields."""
 
-    max_turns: int = Field(8, ge=1, description="Model replies per episode before it is cut (truncated).")
     action_field: str | None = Field(
         None, description="Action field that takes the model's text (default: the action's only string field)."
     )
@@ -55,26 +57,14 @@ class OpenEnvConfig(EnvConfig):
         description="Observation field shown to the model (default: its messages, else prompt, else its only "
         "string field, else the observation as JSON).",
     )
-    system_prompt: str | None = Field(None, description="System message put before a text observation.")
     max_sessions: int = Field(
         1, ge=1, description="Episodes open at once on the server (OpenEnv's create_app allows 1 unless raised)."
     )
-    eval_size: int = Field(100, ge=0, description="Episodes of the eval split (`atropos evaluate`).")
     timeout_s: float = Field(300.0, gt=0, description="Seconds to wait for one reset/step answer.")
     python: str | None = Field(
         None, description="openenv:PACKAGE only: the Python that has the package (default $ATROPOS_OPENENV_PYTHON)."
     )
     startup_timeout_s: float = Field(120.0, gt=0, description="openenv:PACKAGE only: seconds for it to come up.")
-
-
-@dataclass
-class Played:
-    messages: list[Message]
-    rewards: list[float]
-    trace: TokenTrace | None
-    finish_reason: str | None
-    truncated: bool
-    remote_id: str | None = None
 
 
 @dataclass
@@ -87,7 +77,7 @@ class Opening:
     taken: set[int] = field(default_factory=set)
 
 
-class OpenEnvEnv(BaseEnv):
+class OpenEnvEnv(EpisodeEnv):
     """An OpenEnv server's episodes as scored groups (made by `load_openenv_env`, which sets `target`)."""
 
     name: ClassVar[str] = "openenv"
@@ -97,11 +87,12 @@ class OpenEnvEnv(BaseEnv):
     target: ClassVar[str] = ""
 
     @classmethod
-    def config_init(cls) -> tuple[EnvConfig, list[Any]]:
+    def config_init(cls) -> tuple[OpenEnvConfig, list[Any]]:
         return OpenEnvConfig(max_token_length=256), []
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
-        count = None if split == "train" else self.config.eval_size  # type: ignore[attr-defined]
+        """Seed = the episode's index in its split (what an exported env maps back to its item k)."""
+        count = None if split == "train" else self.config.eval_episodes  # type: ignore[attr-defined]
         index = 0
         while count is None or index < count:
             yield {"id": f"{split}-{index}", "seed": index, "split": split}
@@ -117,31 +108,18 @@ class OpenEnvEnv(BaseEnv):
         schema = await fetch_schema(self.base_url, config.timeout_s)
         self.action_field = pick_action_field(schema["action"], config.action_field)
         self._sessions = asyncio.Semaphore(config.max_sessions)
-        self._train = self.items("train")
-
-    async def get_next_item(self) -> dict[str, Any] | None:
-        if not hasattr(self, "_train"):
-            await self.setup()
-        return next(self._train, None)
+        await super().setup()
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredGroup | None, list[Any]]:
         started = time.perf_counter()
-        size = self.config.group_size
-        opening = Opening(size)
-        results = await asyncio.gather(*(self.play(item, i, opening) for i in range(size)), return_exceptions=True)
-        played: list[Played] = []
-        for index, result in enumerate(results):
-            if isinstance(result, ServerUnreachableError):
-                raise result
-            if isinstance(result, BaseException):
-                record_failure(result, env=self.name, item_id=item["id"], rollout_index=index)
-            else:
-                played.append(result)
+        opening = Opening(self.config.group_size)
+        plays = (self.play_rollout(item, i, opening) for i in range(self.config.group_size))
+        played = await gather_rollouts(self.name, item["id"], plays)
         if not played:
             return None, []
-        return self._group(item, played, time.perf_counter() - started), []
+        return self.group(item, played, time.perf_counter() - started), []
 
-    async def play(self, item: dict[str, Any], index: int, opening: Opening) -> Played:
+    async def play_rollout(self, item: dict[str, Any], index: int, opening: Opening) -> Played:
         """One episode on its own session: reset with the item's seed, then reply/step until done or max_turns."""
         config: OpenEnvConfig = self.config  # type: ignore[assignment]
         reset = {"seed": item["seed"], "episode_id": item["id"]}
@@ -149,48 +127,47 @@ class OpenEnvEnv(BaseEnv):
             reset["split"] = item["split"]
         async with self._sessions, OpenEnvSession(self.base_url, config.timeout_s) as session:
             result = await session.reset(**reset)
-            remote_id = result.metadata.get("item_id")
             messages = self._first_messages(result)
             trace = TokenTrace(self.tokenizer) if self.tokenizer is not None else None
             if trace:
                 trace.start(messages)
-            played = Played(list(messages), [], trace, None, truncated=False, remote_id=remote_id)
-            key = (trace.prompt_ids() if trace else None, messages)
-            choice = await self._opening_reply(opening, index, key, played, item)
-            for turn in range(1, config.max_turns + 1):
+            played = Played(list(messages), [], False, trace, None)
+            seeding = (item["seed"], result.metadata["item_id"]) if "item_id" in result.metadata else None
+            choice = await self._opening_reply(opening, index, played, seeding, item["id"])
+            while True:
                 self._add_reply(played, choice)
                 result = await session.step({self.action_field: choice.text})
                 played.rewards.append(result.reward or 0.0)
-                if result.done:
-                    return played
-                if turn == config.max_turns:
-                    played.truncated = True
+                if result.done or len(played.rewards) >= config.max_turns:
+                    played.truncated = not result.done
                     return played
                 self._add_observation(played, result)
-                choice = (await self._generate(played, n=1))[0]
-        raise AssertionError("unreachable: the loop returns")
+                seed = _turn_seed(self.config.seed, item["id"], index, len(played.rewards))
+                choice = (await self._request(played, 1, seed))[0]
 
     async def _opening_reply(
-        self, opening: Opening, index: int, key: Any, played: Played, item: dict[str, Any]
+        self, opening: Opening, index: int, played: Played, seeding: tuple[int, Any] | None, item_id: str
     ) -> Choice:
-        """Reply i of the group's shared first request when this rollout's first prompt is the shared one."""
+        """Reply `index` of the group's shared first request when this rollout's first prompt is the shared one
+        (a rollout whose reset differs samples its own)."""
+        key = (played.trace.prompt_ids() if played.trace else None, played.messages)
         if opening.task is None:
             opening.key = key
-
-            async def first() -> list[Choice]:
-                if played.remote_id is None:
-                    return await self._generate(played, n=opening.size)
-                with seeded_requests(self.config.seed, f"{item['seed']}:{played.remote_id}"):
-                    return await self._generate(played, n=opening.size)
-
-            opening.task = asyncio.ensure_future(first())
+            opening.task = asyncio.ensure_future(self._first_request(played, opening.size, seeding))
         if opening.key == key and index not in opening.taken:
             opening.taken.add(index)
             return (await opening.task)[index]
-        return (await self._generate(played, n=1))[0]
+        return (await self._request(played, 1, _turn_seed(self.config.seed, item_id, index, 0)))[0]
 
-    async def _generate(self, played: Played, n: int) -> list[Choice]:
-        params = self.sampling_params(n=n).model_dump(exclude_none=True)
+    async def _first_request(self, played: Played, n: int, seeding: tuple[int, Any] | None) -> list[Choice]:
+        """The group's one opening request, seeded like the first request of a direct run of the item."""
+        with seeded_requests(self.config.seed, f"{seeding[0]}:{seeding[1]}") if seeding else nullcontext():
+            return await self._request(played, n, None)
+
+    async def _request(self, played: Played, n: int, seed: int | None) -> list[Choice]:
+        """Sent as token ids when a trace gives them, else as the chat. Later turns carry their own seed: the
+        sessions answer in any order, so a shared seed stream would hand out seeds in that order."""
+        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
         if played.trace is not None:
             generation = await self.server.completion(prompt=played.trace.prompt_ids(), **params)
         else:
@@ -225,35 +202,11 @@ class OpenEnvEnv(BaseEnv):
             played.trace.add_messages(new)
         played.messages.extend(new)
 
-    def _group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
-        traces = [p.trace for p in played]
-        with_tokens = all(t is not None for t in traces)
-        logprobs = [t.logprobs for t in traces] if with_tokens else None  # type: ignore[union-attr]
-        return ScoredGroup(
-            tokens=[t.tokens for t in traces] if with_tokens else [],  # type: ignore[union-attr]
-            masks=[t.masks for t in traces] if with_tokens else [],  # type: ignore[union-attr]
-            inference_logprobs=logprobs if logprobs and all(lp is not None for lp in logprobs) else None,
-            scores=[sum(p.rewards) for p in played],
-            messages=[p.messages for p in played],
-            meta=GroupMeta(
-                env=self.name,
-                env_version=self.version,
-                item_id=item["id"],
-                failed_rollouts=self.config.group_size - len(played),
-                duration_s=round(elapsed, 4),
-                tokens_missing=not with_tokens,
-                rollouts=[
-                    RolloutMeta(
-                        finish_reason=p.finish_reason,
-                        step_rewards=p.rewards,
-                        turns=len(p.rewards),
-                        truncated=p.truncated,
-                        episode_id=p.remote_id,
-                    )
-                    for p in played
-                ],
-            ),
-        )
+
+def _turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
+    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one)."""
+    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def load_openenv_env(target: str) -> type[BaseEnv]:

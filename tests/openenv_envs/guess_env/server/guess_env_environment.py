@@ -8,7 +8,7 @@ variable GUESS_ENV_FAIL_SEEDS (comma-separated) make reset raise.
 import os
 import random
 import re
-from typing import Any, Optional
+from typing import Any
 from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
@@ -26,7 +26,7 @@ class GuessEnvironment(Environment):
         self._state = State(episode_id=str(uuid4()), step_count=0)
         self._secret = 1
 
-    def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> GuessObservation:
+    def reset(self, seed: int | None = None, episode_id: str | None = None, **kwargs: Any) -> GuessObservation:
         failing = {int(s) for s in os.environ.get("GUESS_ENV_FAIL_SEEDS", "").split(",") if s.strip()}
         if seed in failing:
             raise RuntimeError(f"seed {seed} is configured to fail")
@@ -45,10 +45,7 @@ class GuessEnvironment(Environment):
         left = MAX_GUESSES - self._state.step_count
         if numbers and int(numbers[-1]) == self._secret:
             return GuessObservation(prompt="Correct!", attempts_left=left, done=True, reward=1.0)
-        if not numbers:
-            hint = "That is not a number."
-        else:
-            hint = "Higher." if int(numbers[-1]) < self._secret else "Lower."
+        hint = "That is not a number." if not numbers else "Higher." if int(numbers[-1]) < self._secret else "Lower."
         return GuessObservation(prompt=f"{hint} Guess again.", attempts_left=left, done=left <= 0, reward=0.0)
 
     @property
