@@ -330,3 +330,38 @@ def test_an_atropos_env_file_exported_is_scored_by_its_own_rule(exported, tmp_pa
             a, op, b = question["content"].removeprefix("What is ").removesuffix("?").split()
             answer = int(a) + int(b) if op == "+" else int(a) - int(b) if op == "-" else int(a) * int(b)
             assert score == (1.0 if reply["content"].strip() == str(answer) else -1.0)
+
+
+def test_export_command_serves_until_interrupted_and_refuses_a_taken_port():
+    import signal
+    import socket
+    import time
+
+    from atropos_cli.testing import free_port
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "atropos_cli", "export", "openenv", "arithmetic", "--port", str(port)]
+    server = subprocess.Popen([*cmd, "--env.max_token_length", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "export did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)  # polling a starting process, bounded by the deadline
+        code = "import sys; from openenv.core.generic_client import GenericEnvClient\n"
+        code += "with GenericEnvClient(base_url=sys.argv[1]).sync() as e: print(e.reset(seed=0).observation['prompt'])"
+        done = subprocess.run([PYTHON, "-c", code, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
+        assert done.stdout.startswith("What is"), done.stderr[-2000:]
+        with socket.socket() as taken:  # the port is in use: one error line, exit 1
+            taken.bind(("127.0.0.1", 0))
+            other = taken.getsockname()[1]
+            busy = subprocess.run([*cmd[:-1], str(other)], capture_output=True, text=True, timeout=120)
+        assert busy.returncode == 1 and "cannot serve on" in busy.stderr and "Traceback" not in busy.stderr
+    finally:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    assert server.returncode == 130, err.decode()[-2000:]  # Ctrl-C: the exit-code table's 130, no traceback
+    assert b"serving arithmetic as an OpenEnv env" in out and b"Traceback" not in err

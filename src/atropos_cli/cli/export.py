@@ -46,12 +46,20 @@ def openenv_command(
         def ready() -> None:
             console.print(f"serving {exported.env.name} as an OpenEnv env on {url} (Ctrl-C stops)", soft_wrap=True)
 
+        import socket
+
         import uvicorn
 
+        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            uvicorn.run(create_openenv_app(exported, ready), host=host, port=port, log_level="warning")
-        except SystemExit as exc:  # uvicorn exits 1 when it cannot bind
-            raise fail(f"cannot serve on {host}:{port}", hint="pick another --port") from exc
+            listener.bind((host, port))
+        except OSError as exc:
+            listener.close()
+            raise fail(f"cannot serve on {host}:{port}: {exc.strerror}", hint="pick another --port") from None
+        app = create_openenv_app(exported, ready)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        server.run(sockets=[listener])
 
 
 def register(app: typer.Typer) -> None:
