@@ -365,3 +365,56 @@ def test_export_command_serves_until_interrupted_and_refuses_a_taken_port():
         out, err = server.communicate(timeout=60)
     assert server.returncode == 130, err.decode()[-2000:]  # Ctrl-C: the exit-code table's 130, no traceback
     assert b"serving arithmetic as an OpenEnv env" in out and b"Traceback" not in err
+
+
+GYM_PLAY = """
+import sys
+from openenv.core.generic_client import GenericEnvClient
+
+with GenericEnvClient(base_url=sys.argv[1]).sync() as env:
+    result = env.reset(seed=0)
+    print(result.observation["prompt"])
+    low, high = 1, 16
+    for _ in range(8):  # bisect: the game says lower/higher until the guess is right
+        guess = (low + high) // 2
+        result = env.step({"message": str(guess)})
+        if result.done:
+            print(result.reward, result.done)
+            break
+        low, high = (low, guess - 1) if "lower" in result.observation["prompt"] else (guess + 1, high)
+"""
+
+
+def test_a_gym_env_exported_plays_through_openenvs_client():
+    """`atropos export openenv gym:...` (the gym adapter's env, in the gym venv): a multi-turn episode that
+    openenv's own client plays to the end."""
+    import time
+
+    from adapter_cases import CASES, atropos_python, run_env
+    from atropos_cli.testing import free_port
+
+    case = next(c for c in CASES if c.id == "gym")
+    python = atropos_python(case)
+    if subprocess.run([python, "-c", "import websockets"], capture_output=True).returncode != 0:
+        if os.environ.get("CI"):
+            pytest.fail(f"{python} has no websockets: the gym venv must install atropos' dependencies")
+        pytest.skip(f"{python} was built before atropos depended on websockets: rebuild it (.ci/run)")
+    port = free_port()
+    cmd = [python, "-m", "atropos_cli", "export", "openenv", case.spec, "--port", str(port)]
+    server = subprocess.Popen(cmd, env=run_env(case), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None and time.monotonic() < deadline, "export did not come up"
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)  # polling a starting process, bounded by the deadline
+        done = subprocess.run([PYTHON, "-c", GYM_PLAY, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    prompt, last = done.stdout.strip().splitlines()
+    assert "I picked a number from 1 to 16" in prompt and last == "1.0 True"

@@ -23,7 +23,7 @@ from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from atropos_cli.errors import AtroposError
+from atropos_cli.errors import AtroposError, ConfigError
 from atropos_cli.httpguard import BrowserGuard, is_loopback_origin
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
 from atropos_cli.types import Message
@@ -125,6 +125,13 @@ async def _ws_answer(session: Session, message: Any) -> dict[str, Any] | None:
 
 def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
     """The FastAPI app serving `exported` (the env's `setup()` runs at startup)."""
+    import importlib.util
+
+    if importlib.util.find_spec("websockets") is None and importlib.util.find_spec("wsproto") is None:
+        raise ConfigError(
+            "serving OpenEnv needs a WebSocket library for uvicorn (OpenEnv's clients play over /ws)",
+            hint="pip install websockets (atropos depends on it: reinstall atropos)",
+        )
     from atropos_cli.runs.envcall import call_env
 
     @asynccontextmanager
