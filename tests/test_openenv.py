@@ -281,12 +281,13 @@ ROUND_TRIP = [
 ]
 
 
+@pytest.mark.parametrize("sessions", ["1", "4"])  # one episode at a time, or the whole group at once
 @pytest.mark.parametrize("exported", ROUND_TRIP, indirect=True, ids=["arithmetic", "sums_file"])
-def test_round_trip_gives_the_groups_of_a_direct_run(exported, tmp_path):
+def test_round_trip_gives_the_groups_of_a_direct_run(exported, sessions, tmp_path):
     flags = ["--num-groups", "4", "--group-size", "4", "--seed", "7", "--env.max_token_length", "16"]
     flags += ["--concurrency", "1"]  # one group per batch: float bits that depend on batching cannot flip a sample
     direct = process([exported.spec, *flags], tmp_path / "direct")
-    back = process([f"openenv:{exported.url}", *flags, "--env.max_sessions", "4"], tmp_path / "back")
+    back = process([f"openenv:{exported.url}", *flags, "--env.max_sessions", sessions], tmp_path / "back")
     direct.sort(key=lambda g: g["meta"]["index"])
     back.sort(key=lambda g: g["meta"]["index"])
     assert len(direct) == len(back) == 4

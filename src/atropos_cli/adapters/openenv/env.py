@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Iterator
 from contextlib import nullcontext
@@ -150,7 +151,7 @@ class OpenEnvEnv(EpisodeEnv):
     ) -> Choice:
         """Reply `index` of the group's shared first request when this rollout's first prompt is the shared one
         (a rollout whose reset differs samples its own)."""
-        key = (played.trace.prompt_ids() if played.trace else None, played.messages)
+        key = (played.trace.prompt_ids() if played.trace else None, json.dumps(played.messages, sort_keys=True))
         if opening.task is None:
             opening.key = key
             opening.task = asyncio.ensure_future(self._first_request(played, opening.size, seeding))
