@@ -240,6 +240,9 @@ def test_export_is_guarded_like_our_other_servers(exported):
     assert httpx.post(exported.url + "/reset", content="{}", headers={"Content-Type": "text/plain"}).status_code == 415
     assert httpx.post(exported.url + "/step", json={"action": {"message": "x"}}).status_code == 409  # no reset yet
     assert httpx.post(exported.url + "/reset", json={"seed": 0}).json()["observation"]["metadata"]["index"] == 0
+    far = httpx.post(exported.url + "/reset", json={"seed": 2**31 - 1})  # seeds name items: no 2-billion-item walk
+    assert far.status_code == 409 and "only 1 are drawn" in far.json()["detail"]
+    assert "a seed names an item" in far.json()["hint"]
     code = (
         "import asyncio, sys, aiohttp\n"
         "async def main():\n"

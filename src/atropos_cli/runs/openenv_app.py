@@ -154,21 +154,21 @@ def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
 
     app.add_middleware(BrowserGuard, render=render)
 
-    async def http_call(method: Any, data: dict[str, Any]) -> dict[str, Any]:
+    async def http_call(method: Any, data: dict[str, Any]) -> Any:
         async with http_lock:
             try:
                 return dict((await method(data)).wire())
             except ValidationError as exc:
                 raise HTTPException(422, detail=exc.errors(include_url=False)) from None
             except AtroposError as exc:
-                raise HTTPException(409 if isinstance(exc, EpisodeError) else 500, detail=exc.text) from None
+                return render(409 if isinstance(exc, EpisodeError) else 500, exc.text, exc.hint)
 
     @app.post("/reset")
-    async def reset(body: dict[str, Any] | None = None) -> dict[str, Any]:
+    async def reset(body: dict[str, Any] | None = None) -> Any:
         return await http_call(http.reset, body or {})
 
     @app.post("/step")
-    async def step(body: dict[str, Any]) -> dict[str, Any]:
+    async def step(body: dict[str, Any]) -> Any:
         return await http_call(http.step, body.get("action") or {})
 
     @app.get("/state")

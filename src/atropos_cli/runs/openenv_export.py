@@ -34,6 +34,7 @@ from atropos_cli.types import Message
 __all__ = ["BridgeBackend", "Episode", "EpisodeError", "Exported", "build_exported_env"]
 
 CLIENT_MODEL = "openenv-client"
+MAX_AHEAD = 100_000  # items one reset may draw to reach its seed (a random 31-bit seed is an error, not a hang)
 _episode: contextvars.ContextVar[Episode | None] = contextvars.ContextVar("openenv_episode", default=None)
 
 
@@ -197,6 +198,11 @@ class Exported:
             raise EpisodeError(f"unknown split {split!r}", hint="reset(split='train') or reset(split='eval')")
         async with self._lock:
             index = self._next if seed is None else seed
+            if index - len(self._train) > MAX_AHEAD:
+                raise EpisodeError(
+                    f"seed {index} is item {index} of the env's stream; only {len(self._train)} are drawn so far",
+                    hint=f"a seed names an item: reset with seeds below {len(self._train) + MAX_AHEAD} (or none)",
+                )
             self._next = max(self._next, index + 1)
             while len(self._train) <= index and not self._exhausted:
                 item = await self.env.get_next_item()
