@@ -41,31 +41,32 @@ def battery(request, tmp_path_factory) -> tuple[Case, list[dict[str, Any]]]:
     case: Case = request.param
     python_of(case)
     tmp = tmp_path_factory.mktemp(f"battery-{case.id}")
-    with ThreadPoolExecutor(3) as pool:  # three model-loading processes at once
-        runs = list(pool.map(lambda a: trace(case, tmp, *a), [("a", 7), ("b", 7), ("c", 8)]))
+    with ThreadPoolExecutor(2) as pool:  # two model-loading processes at once
+        runs = list(pool.map(lambda a: trace(case, tmp, *a), [("a", 7), ("b", 7)]))
     return case, runs
 
 
 def test_same_seed_gives_the_same_groups(battery):
-    _, (first, second, _other) = battery
+    _, (first, second) = battery
     assert first["groups"], first["failures"]
     assert first["groups"] == second["groups"]
     assert first["calls"] == second["calls"]
 
 
 def test_multi_turn_tokens_are_exactly_the_backends(battery):
-    _, runs = battery
+    case, runs = battery
     multi_turn = 0
     for run in runs:
-        calls = [c for c in run["calls"] if c["kind"] == "completion"]
-        assert calls, "the env must send token-id prompts when the backend has a tokenizer"
+        calls = run["calls"]
+        if case.multi_turn:
+            assert all(c["kind"] == "completion" for c in calls), "later turns must be sent as token ids"
         for group in run["groups"]:
             for tokens, masks in zip(group["tokens"], group["masks"], strict=True):
                 mine = [c for c in calls if _follows(tokens, c)]
                 assert mine, "a rollout with no request that produced it"
                 covered = set()
                 for call in mine:
-                    start = len(call["prompt"])
+                    start = len(_prompt_ids(call))
                     end = start + len(call["completion_token_ids"])
                     assert masks[start:end] == call["completion_token_ids"]
                     covered.update(range(start, end))
@@ -73,12 +74,17 @@ def test_multi_turn_tokens_are_exactly_the_backends(battery):
                 assert trained == covered, "trained tokens that no request produced (or produced ones masked)"
                 assert all(masks[i] == tokens[i] for i in trained)
                 multi_turn += len(mine) > 1
-    assert multi_turn, "no rollout had two turns: the battery's env must be multi-turn"
+    assert multi_turn or not case.multi_turn, "no rollout had two turns: the battery's env must be multi-turn"
+
+
+def _prompt_ids(call: dict[str, Any]) -> list[int]:
+    """What the backend saw: the token ids the env sent, or (a chat request) the ids the backend rendered."""
+    return call["prompt"] if call["kind"] == "completion" else call["prompt_token_ids"]
 
 
 def _follows(tokens: list[int], call: dict[str, Any]) -> bool:
-    prompt, completion = call["prompt"], call["completion_token_ids"]
-    if not isinstance(prompt, list) or call["prompt_token_ids"] not in (None, prompt):
+    prompt, completion = _prompt_ids(call), call["completion_token_ids"]
+    if not isinstance(prompt, list) or call["prompt_token_ids"] not in (None, prompt) or completion is None:
         return False
     return tokens[: len(prompt)] == prompt and tokens[len(prompt) : len(prompt) + len(completion)] == completion
 

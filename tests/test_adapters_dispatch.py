@@ -3,6 +3,7 @@ to its adapter module, whose config's own fields are listed as `--env.*` flags i
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -82,3 +83,18 @@ def test_every_adapter_module_has_the_contract_and_imports_light(prefix):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(
+    ("spec", "package", "message", "hint"),
+    [
+        ("vf:vf_arithmetic", "verifiers", "needs the verifiers package", "pip install verifiers==0.4.0"),
+        ("gym:TextGames/Arithmetic-v0", "gymnasium", "needs the gymnasium package", "pip install 'gymnasium>=1,<2'"),
+    ],
+)
+def test_without_its_framework_an_adapter_says_how_to_install_it(spec, package, message, hint):
+    if importlib.util.find_spec(package) is not None:
+        pytest.skip(f"{package} is installed in this venv")
+    with pytest.raises(EnvLoadError, match=message) as info:
+        registry.resolve_env(spec)
+    assert hint in (info.value.hint or "")

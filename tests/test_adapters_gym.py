@@ -5,19 +5,12 @@ parallel subprocesses in one module fixture; the tests read what they wrote."""
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import subprocess
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from adapter_cases import CASES, python_of, run_env
-from atropos_cli.env.registry import resolve_env
-from atropos_cli.errors import EnvLoadError
+from adapter_cases import assert_refused_before_the_model_loads, commands_fixture, groups, read_jsonl
 
-GYM = next(c for c in CASES if c.id == "gym")
 ARITH = "gym:gym_text_games:TextGames/Arithmetic-v0"
 GUESS = "gym:gym_text_games:TextGames/GuessNumber-v0"
 SHORT = ["--env.max_token_length", "8"]
@@ -39,23 +32,7 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     }  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def ran(tmp_path_factory) -> tuple[Path, dict[str, subprocess.CompletedProcess]]:
-    python = python_of(GYM)
-    tmp = tmp_path_factory.mktemp("gym")
-
-    def run(args: list[str]) -> subprocess.CompletedProcess:
-        cmd = [python, "-m", "atropos_cli", *args]
-        return subprocess.run(cmd, capture_output=True, text=True, env=run_env(GYM), timeout=600)
-
-    todo = commands(tmp)
-    with ThreadPoolExecutor(4) as pool:
-        done = dict(zip(todo, pool.map(run, todo.values()), strict=True))
-    return tmp, done
-
-
-def groups(path: Path) -> list[dict]:
-    return [json.loads(line) for line in (path / "groups.jsonl").read_text().splitlines()]
+ran = commands_fixture("gym", commands)
 
 
 def test_process_writes_scored_groups_with_tokens_and_episode_returns(ran):
@@ -78,7 +55,7 @@ def test_process_writes_scored_groups_with_tokens_and_episode_returns(ran):
 def test_evaluate_scores_the_eval_split(ran):
     tmp, done = ran
     assert done["evaluate"].returncode == 0, done["evaluate"].stderr
-    samples = [json.loads(line) for line in (tmp / "eval" / "samples.jsonl").read_text().splitlines()]
+    samples = read_jsonl(tmp / "eval" / "samples.jsonl")
     assert len(samples) == 6 and {s["item_id"] for s in samples} == {f"eval-{i}" for i in range(6)}
     assert (tmp / "eval" / "metrics.json").is_file()
 
@@ -86,7 +63,7 @@ def test_evaluate_scores_the_eval_split(ran):
 def test_train_runs_grpo_steps_on_a_gym_env(ran):
     tmp, done = ran
     assert done["train"].returncode == 0, done["train"].stderr
-    steps = [json.loads(line) for line in (tmp / "train" / "metrics.jsonl").read_text().splitlines()]
+    steps = read_jsonl(tmp / "train" / "metrics.jsonl")
     assert len([s for s in steps if "loss" in s]) == 2
     assert (tmp / "train" / "checkpoints" / "step-2").is_dir()
 
@@ -101,15 +78,4 @@ def test_train_runs_grpo_steps_on_a_gym_env(ran):
 )
 def test_bad_specs_are_one_line_errors_before_the_model_loads(ran, name, message, hint):
     tmp, done = ran
-    result = done[name]
-    assert result.returncode == 2, result.stderr
-    assert message in result.stderr and hint in result.stderr
-    assert "Traceback" not in result.stderr and "local backend" not in result.stdout + result.stderr
-    assert not (tmp / name / "groups.jsonl").exists()
-
-
-@pytest.mark.skipif(importlib.util.find_spec("gymnasium") is not None, reason="gymnasium is installed here")
-def test_without_gymnasium_the_spec_says_how_to_install_it():
-    with pytest.raises(EnvLoadError, match="needs the gymnasium package") as info:
-        resolve_env("gym:TextGames/Arithmetic-v0")
-    assert "pip install 'gymnasium>=1,<2'" in (info.value.hint or "")
+    assert_refused_before_the_model_loads(done[name], tmp / name, message, hint)

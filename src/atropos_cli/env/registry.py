@@ -37,6 +37,7 @@ BUNDLED_PACKAGE = "atropos_cli.envs"
 ADAPTERS: dict[str, str] = {
     "gym": "atropos_cli.adapters.gym",
     "openenv": "atropos_cli.adapters.openenv",
+    "vf": "atropos_cli.adapters.vf",
 }
 
 
