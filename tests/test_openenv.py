@@ -142,15 +142,30 @@ def test_bad_targets_are_one_line_errors(tmp_path):
 
     cases = {
         f"openenv:http://127.0.0.1:{free_port()}": "cannot reach the OpenEnv server",
-        "openenv:not a package!": "not a URL nor a Python package name",
-        "openenv:no_such_openenv_pkg": "exited with code",
+        "openenv:not-a-package!": "not a URL nor a Python package name",
+        "openenv:no_such_openenv_pkg": "package 'no_such_openenv_pkg' is not installed",
+        "openenv:echo_env --env.python /no/such/python": "does not exist",
     }
     for spec, message in cases.items():
-        result = CliRunner().invoke(
-            app, ["process", spec, "--num-groups", "1", "--out", str(tmp_path / "x")], env={"COLUMNS": "300"}
-        )
-        assert result.exit_code != 0 and message in result.output, result.output
-        assert "Traceback" not in result.output
+        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+        # refused with one error line before any model loads, nothing written
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert "Traceback" not in result.output and "local backend" not in result.output
+        assert not (tmp_path / "x" / "groups.jsonl").exists()
+
+
+def test_a_package_server_that_fails_or_does_not_fit_says_why(tmp_path):
+    """Found only once the server runs (after the model is set up): still one error line, exit 2."""
+    need("guess_env")
+    cases = {
+        "openenv:guess_env.server.no_such_module:app": "exited with code",
+        "openenv:guess_env --env.action_field nope": "the env's action has no field 'nope'",
+    }
+    for spec, message in cases.items():
+        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
 
 
 def test_local_server_is_stopped():

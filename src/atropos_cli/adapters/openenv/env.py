@@ -91,6 +91,14 @@ class OpenEnvEnv(EpisodeEnv):
     def config_init(cls) -> tuple[OpenEnvConfig, list[Any]]:
         return OpenEnvConfig(max_token_length=256), []
 
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        """Before any model loads: a URL serves an action schema we can fill; a package is installed."""
+        if is_url(cls.target):
+            pick_action_field(fetch_schema(cls.target, min(config.timeout_s, 30.0))["action"], config.action_field)
+        else:
+            LocalServer(cls.target, config.python).check()
+
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         """Seed = the episode's index in its split (what an exported env maps back to its item k)."""
         count = None if split == "train" else self.config.eval_episodes  # type: ignore[attr-defined]
@@ -106,7 +114,7 @@ class OpenEnvEnv(EpisodeEnv):
         else:
             self._local = LocalServer(self.target, config.python)
             self.base_url = await asyncio.to_thread(self._local.start, config.startup_timeout_s)
-        schema = await fetch_schema(self.base_url, config.timeout_s)
+        schema = await asyncio.to_thread(fetch_schema, self.base_url, config.timeout_s)
         self.action_field = pick_action_field(schema["action"], config.action_field)
         self._sessions = asyncio.Semaphore(config.max_sessions)
         await super().setup()

@@ -68,12 +68,24 @@ class LocalServer:
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: Any = None
 
-    def start(self, timeout_s: float) -> str:
+    def check(self) -> None:
+        """The python exists and finds the package (without importing it): a bad target fails in milliseconds."""
         if not Path(self.python).exists() and shutil.which(self.python) is None:
             raise EnvLoadError(
                 f"python {self.python!r} for the OpenEnv server does not exist",
                 hint="--env.python PATH (the interpreter that has openenv and the env package)",
             )
+        package = self.app.split(".", 1)[0].split(":", 1)[0]
+        code = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+        found = subprocess.run([self.python, "-c", code, package], capture_output=True, timeout=60)
+        if found.returncode != 0:
+            raise EnvLoadError(
+                f"the OpenEnv env package {package!r} is not installed for {self.python}",
+                hint="pip install it there, or point --env.python (or $ATROPOS_OPENENV_PYTHON) at its venv",
+            )
+
+    def start(self, timeout_s: float) -> str:
+        self.check()
         port = _free_port()
         log_dir = tempfile.mkdtemp(prefix="atropos-openenv-")
         log = Path(log_dir) / "server.log"

@@ -148,14 +148,13 @@ class OpenEnvSession:
         return answer.get("data")
 
 
-async def fetch_schema(base_url: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def fetch_schema(base_url: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """`GET /schema`: the action, observation and state JSON schemas (an EnvLoadError when unreachable)."""
     import httpx
 
     url = base_url.rstrip("/") + "/schema"
     try:
-        async with httpx.AsyncClient(timeout=timeout_s) as client:
-            response = await client.get(url)
+        response = httpx.get(url, timeout=timeout_s)
     except httpx.HTTPError as exc:
         raise EnvLoadError(
             f"cannot reach the OpenEnv server at {base_url}: {type(exc).__name__}: {exc}",
