@@ -403,20 +403,39 @@ with GenericEnvClient(base_url=sys.argv[1]).sync() as env:
         low, high = (low, guess - 1) if "lower" in result.observation["prompt"] else (guess + 1, high)
 """
 
+VF_PLAY = """
+import sys
+from openenv.core.generic_client import GenericEnvClient
 
-def test_a_gym_env_exported_plays_through_openenvs_client():
-    """`atropos export openenv gym:...` (the gym adapter's env, in the gym venv): a multi-turn episode that
-    openenv's own client plays to the end."""
+with GenericEnvClient(base_url=sys.argv[1]).sync() as env:
+    result = env.reset(seed=0)
+    print(result.observation["prompt"])
+    word = result.observation["prompt"].rsplit(" ", 1)[-1]
+    result = env.step({"message": word[::-1]})
+    print(result.reward, result.done)
+"""
+
+OTHER_FRAMEWORKS = {  # case id: (the client's play, its first prompt, the reward of a right answer)
+    "gym": (GYM_PLAY, "I picked a number from 1 to 16", 1.0),
+    "vf": (VF_PLAY, "Reverse the word:", 1.5),  # vf_reverse_text: exact 1.0 + overlap 0.5 (its reward weights)
+}
+
+
+@pytest.mark.parametrize("case_id", list(OTHER_FRAMEWORKS))
+def test_an_env_of_another_framework_exported_plays_through_openenvs_client(case_id):
+    """`atropos export openenv gym:...|vf:...` (the adapter's env, in its framework's venv): openenv's own client
+    plays an episode to the end and gets the framework's reward."""
     import time
 
     from adapter_cases import CASES, atropos_python, run_env
     from atropos_cli.testing import free_port
 
-    case = next(c for c in CASES if c.id == "gym")
+    case = next(c for c in CASES if c.id == case_id)
+    play, first, reward = OTHER_FRAMEWORKS[case_id]
     python = atropos_python(case)
     if subprocess.run([python, "-c", "import websockets"], capture_output=True).returncode != 0:
         if os.environ.get("CI"):
-            pytest.fail(f"{python} has no websockets: the gym venv must install atropos' dependencies")
+            pytest.fail(f"{python} has no websockets: the {case_id} venv must install atropos' dependencies")
         pytest.skip(f"{python} was built before atropos depended on websockets: rebuild it (.ci/run)")
     port = free_port()
     cmd = [python, "-m", "atropos_cli", "export", "openenv", case.spec, "--port", str(port)]
@@ -430,10 +449,10 @@ def test_a_gym_env_exported_plays_through_openenvs_client():
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)  # polling a starting process, bounded by the deadline
-        done = subprocess.run([PYTHON, "-c", GYM_PLAY, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
+        done = subprocess.run([PYTHON, "-c", play, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
     finally:
         server.terminate()
         server.communicate(timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    prompt, last = done.stdout.strip().splitlines()
-    assert "I picked a number from 1 to 16" in prompt and last == "1.0 True"
+    prompt, result = done.stdout.strip().splitlines()
+    assert first in prompt and result == f"{reward} True"
