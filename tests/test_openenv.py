@@ -456,3 +456,37 @@ def test_an_env_of_another_framework_exported_plays_through_openenvs_client(case
     assert done.returncode == 0, done.stderr[-2000:]
     prompt, result = done.stdout.strip().splitlines()
     assert first in prompt and result == f"{reward} True"
+
+
+KEYED_CLIENT = """
+import sys
+from openenv.core.generic_client import GenericEnvClient
+
+url, key = sys.argv[1], sys.argv[2]
+with GenericEnvClient(base_url=url, headers={"Authorization": "Bearer " + key}).sync() as env:
+    print(env.reset(seed=0).observation["prompt"])
+try:
+    with GenericEnvClient(base_url=url).sync() as env:
+        env.reset(seed=0)
+except ConnectionError as exc:
+    print("refused", "403" in str(exc))
+"""
+
+
+def test_export_with_an_api_key_needs_it_on_http_and_the_websocket(tmp_path, monkeypatch):
+    from atropos_cli.runs.openenv_app import create_openenv_app
+    from atropos_cli.runs.openenv_export import build_exported_env
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    exported = build_exported_env("arithmetic", ["--env.max_token_length", "16"], None)
+    with ThreadedServer(create_openenv_app(exported, api_key="s3cret"), lifespan="on").start() as server:
+        assert httpx.get(server.url + "/schema").status_code == 401
+        assert httpx.get(server.url + "/schema", headers={"Authorization": "Bearer s3cret"}).status_code == 200
+        done = subprocess.run([PYTHON, "-c", KEYED_CLIENT, server.url, "s3cret"], capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.stdout.splitlines()[0].startswith("What is") and done.stdout.splitlines()[1] == "refused True"
+        spec = f"openenv:{server.url}"
+        result = CliRunner().invoke(app, ["process", spec, "--num-groups", "1", "--out", str(tmp_path / "a")])
+        assert result.exit_code == 2 and "requires an API key" in result.output
+        monkeypatch.setenv("ATROPOS_OPENENV_API_KEY", "s3cret")  # what our adapter sends
+        assert len(process([spec, "--num-groups", "1", "--group-size", "2"], tmp_path / "b")) == 1

@@ -25,6 +25,13 @@ def openenv_command(
     ),
     port: Annotated[int, typer.Option(help="TCP port.")] = 8000,
     config: Annotated[Path | None, typer.Option("--config", help="YAML config (Atropos layout: env:).")] = None,
+    api_key: Annotated[
+        str | None,
+        typer.Option(
+            envvar="ATROPOS_OPENENV_API_KEY",
+            help="Require 'Authorization: Bearer KEY' on every request and WebSocket (openenv clients: headers=).",
+        ),
+    ] = None,
 ) -> None:
     """Serve ENV as an OpenEnv env server: reset -> the next item's prompt, step(message) -> reward and done.
 
@@ -39,8 +46,8 @@ def openenv_command(
 
     with cli_errors():
         exported = build_exported_env(env, list(ctx.args), str(config) if config else None)
-        if host not in LOOPBACK_HOSTS and not host.startswith("127."):
-            warn(f"binding {host}: anyone who can reach this port can play the env (there is no API key)")
+        if host not in LOOPBACK_HOSTS and not host.startswith("127.") and not api_key:
+            warn(f"binding {host} without --api-key: anyone who can reach this port can play the env")
         url = f"http://{host}:{port}"
 
         def ready() -> None:
@@ -57,7 +64,7 @@ def openenv_command(
         except OSError as exc:
             listener.close()
             raise fail(f"cannot serve on {host}:{port}: {exc.strerror}", hint="pick another --port") from None
-        app = create_openenv_app(exported, ready)
+        app = create_openenv_app(exported, ready, api_key)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
         server.run(sockets=[listener])
 

@@ -8,13 +8,16 @@ HTTP `/reset` and `/step` drive one episode shared by all HTTP callers (OpenEnv 
 call, which cannot carry an episode; ours keeps it), so concurrent clients use `/ws`.
 
 Guarded like our other servers (`httpguard.BrowserGuard`: browser cross-site requests and non-JSON bodies are
-refused; a WebSocket from a non-loopback browser Origin is closed before it opens).
+refused; a WebSocket from a non-loopback browser Origin is closed before it opens); with an API key every HTTP
+request and WebSocket handshake needs `Authorization: Bearer KEY` (`httpguard.BearerAuth`, and the same check
+on `/ws`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -24,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import AtroposError, ConfigError
-from atropos_cli.httpguard import BrowserGuard, is_loopback_origin
+from atropos_cli.httpguard import BearerAuth, BrowserGuard, is_loopback_origin
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
 from atropos_cli.types import Message
 
@@ -123,7 +126,7 @@ async def _ws_answer(session: Session, message: Any) -> dict[str, Any] | None:
         return _error(exc.text, "EXECUTION_ERROR")
 
 
-def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
+def create_openenv_app(exported: Exported, on_ready: Any = None, api_key: str | None = None) -> Any:
     """The FastAPI app serving `exported` (the env's `setup()` runs at startup)."""
     import importlib.util
 
@@ -152,6 +155,9 @@ def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
     def render(status: int, message: str, hint: str | None) -> JSONResponse:
         return JSONResponse({"detail": message, "hint": hint}, status_code=status)
 
+    if api_key:
+        hint = "send Authorization: Bearer KEY (openenv clients: headers=...; atropos: ATROPOS_OPENENV_API_KEY)"
+        app.add_middleware(BearerAuth, api_key=api_key, render=render, hint=hint)
     app.add_middleware(BrowserGuard, render=render)
 
     async def http_call(method: Any, data: dict[str, Any]) -> Any:
@@ -202,8 +208,10 @@ def create_openenv_app(exported: Exported, on_ready: Any = None) -> Any:
     @app.websocket("/ws")
     async def ws(socket: WebSocket) -> None:
         origin = socket.headers.get("origin")
-        if origin is not None and not is_loopback_origin(origin):
-            await socket.close(code=1008)
+        scheme, _, token = socket.headers.get("authorization", "").partition(" ")
+        authorized = not api_key or (scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), api_key))
+        if (origin is not None and not is_loopback_origin(origin)) or not authorized:
+            await socket.close(code=1008)  # before accept: the handshake is answered 403
             return
         await socket.accept()
         session = Session(exported)

@@ -29,9 +29,20 @@ __all__ = [
     "pick_action_field",
     "observation_messages",
     "RESERVED_OBSERVATION_KEYS",
+    "auth_headers",
 ]
 
 RESERVED_OBSERVATION_KEYS = ("done", "reward", "metadata")
+API_KEY_VAR = "ATROPOS_OPENENV_API_KEY"
+
+
+def auth_headers() -> dict[str, str]:
+    """`Authorization: Bearer $ATROPOS_OPENENV_API_KEY` when it is set (an env server that requires a key, such
+    as `atropos export openenv --api-key`); read from the environment so the key never lands in a run's config."""
+    import os
+
+    key = os.environ.get(API_KEY_VAR)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 class OpenEnvError(AtroposError):
@@ -82,7 +93,7 @@ class OpenEnvSession:
         self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s))
         try:
             self._ws = await self._http.ws_connect(
-                _ws_url(self.base_url), max_msg_size=self.max_message_bytes, heartbeat=None
+                _ws_url(self.base_url), max_msg_size=self.max_message_bytes, heartbeat=None, headers=auth_headers()
             )
         except (aiohttp.ClientError, OSError) as exc:
             await self._http.close()
@@ -154,7 +165,7 @@ def fetch_schema(base_url: str, timeout_s: float = 30.0) -> dict[str, Any]:
 
     url = base_url.rstrip("/") + "/schema"
     try:
-        response = httpx.get(url, timeout=timeout_s)
+        response = httpx.get(url, timeout=timeout_s, headers=auth_headers())
     except httpx.HTTPError as exc:
         raise EnvLoadError(
             f"cannot reach the OpenEnv server at {base_url}: {type(exc).__name__}: {exc}",
@@ -164,6 +175,8 @@ def fetch_schema(base_url: str, timeout_s: float = 30.0) -> dict[str, Any]:
         schema = response.json()
     except ValueError:
         schema = None
+    if response.status_code == 401:
+        raise EnvLoadError(f"{url} requires an API key", hint=f"set {API_KEY_VAR} to the server's key")
     if response.status_code != 200 or not isinstance(schema, dict) or not isinstance(schema.get("action"), dict):
         raise EnvLoadError(
             f"{url} answered {response.status_code} without an action schema",
