@@ -490,3 +490,17 @@ def test_export_with_an_api_key_needs_it_on_http_and_the_websocket(tmp_path, mon
         assert result.exit_code == 2 and "requires an API key" in result.output
         monkeypatch.setenv("ATROPOS_OPENENV_API_KEY", "s3cret")  # what our adapter sends
         assert len(process([spec, "--num-groups", "1", "--group-size", "2"], tmp_path / "b")) == 1
+
+
+def test_export_of_an_env_whose_setup_raises_is_one_error_line(tmp_path):
+    env = tmp_path / "bad_env.py"
+    env.write_text(
+        "from atropos_cli import SimpleEnv\n\n"
+        "class BadEnv(SimpleEnv):\n"
+        "    async def setup(self):\n"
+        "        raise RuntimeError('no data here')\n"
+    )
+    cmd = [sys.executable, "-m", "atropos_cli", "export", "openenv", str(env), "--port", "0"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "no data here" in done.stderr and "bad_env.py:5" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout and "serving" not in done.stdout

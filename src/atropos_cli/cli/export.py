@@ -8,6 +8,7 @@ from typing import Annotated
 import typer
 
 from atropos_cli.cli.common import DottedCommand, cli_errors, console, fail, warn
+from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import LOOPBACK_HOSTS
 
 EXPORT_HELP = "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server)."
@@ -64,9 +65,17 @@ def openenv_command(
         except OSError as exc:
             listener.close()
             raise fail(f"cannot serve on {host}:{port}: {exc.strerror}", hint="pick another --port") from None
-        app = create_openenv_app(exported, ready, api_key)
+        failed: list[AtroposError] = []
+
+        def setup_failed(exc: AtroposError) -> None:  # the env's setup() raised: stop, then say it in one line
+            failed.append(exc)
+            server.should_exit = True
+
+        app = create_openenv_app(exported, ready, api_key, setup_failed)
         server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
         server.run(sockets=[listener])
+        if failed:
+            raise failed[0]
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -126,8 +126,14 @@ async def _ws_answer(session: Session, message: Any) -> dict[str, Any] | None:
         return _error(exc.text, "EXECUTION_ERROR")
 
 
-def create_openenv_app(exported: Exported, on_ready: Any = None, api_key: str | None = None) -> Any:
-    """The FastAPI app serving `exported` (the env's `setup()` runs at startup)."""
+def create_openenv_app(
+    exported: Exported,
+    on_ready: Callable[[], None] | None = None,
+    api_key: str | None = None,
+    on_error: Callable[[AtroposError], None] | None = None,
+) -> Any:
+    """The FastAPI app serving `exported`. The env's `setup()` runs at startup (in the server's event loop); when
+    it fails, `on_error` gets the error (the caller stops the server and reports it; without one it raises)."""
     import importlib.util
 
     if importlib.util.find_spec("websockets") is None and importlib.util.find_spec("wsproto") is None:
@@ -139,7 +145,14 @@ def create_openenv_app(exported: Exported, on_ready: Any = None, api_key: str | 
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await call_env(exported.env, "setup", exported.env.setup())
+        try:
+            await call_env(exported.env, "setup", exported.env.setup())
+        except AtroposError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+            yield
+            return
         if on_ready is not None:
             on_ready()
         yield
