@@ -504,3 +504,33 @@ def test_export_of_an_env_whose_setup_raises_is_one_error_line(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert done.returncode == 1 and "no data here" in done.stderr and "bad_env.py:5" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout and "serving" not in done.stdout
+
+
+def test_an_exported_env_that_raises_is_the_clients_error_and_our_failure_record(tmp_path):
+    """The exported env's own code raising (here: its items) reaches the OpenEnv client as OpenEnv's error
+    message; read back through openenv:URL it is a failure record per rollout, the run goes on."""
+    from atropos_cli.runs.openenv_app import create_openenv_app
+    from atropos_cli.runs.openenv_export import build_exported_env
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    env = tmp_path / "broken_items.py"
+    env.write_text(
+        "from atropos_cli import SimpleEnv\n\n"
+        "class BrokenItems(SimpleEnv):\n"
+        "    def items(self, split):\n"
+        "        yield {'id': 'ok-0', 'q': 'say hi'}\n"
+        "        raise ValueError('item 1 is corrupt')\n\n"
+        "    def prompt(self, item):\n"
+        "        return item['q']\n\n"
+        "    def reward(self, completion, item):\n"
+        "        return 1.0\n"
+    )
+    with ThreadedServer(create_openenv_app(build_exported_env(str(env), [], None)), lifespan="on") as server:
+        out = tmp_path / "back"
+        spec = f"openenv:{server.url}"
+        groups = process([spec, "--num-groups", "2", "--group-size", "2", "--concurrency", "1"], out)
+        assert len(groups) == 1 and groups[0]["scores"] == [1.0, 1.0]
+        failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
+        assert len(failures) == 2 and all("EXECUTION_ERROR" in f["error"] for f in failures)
+        assert any("item 1 is corrupt (at " in f["error"] for f in failures)  # the env's file:line too
+        assert httpx.get(server.url + "/health").json() == {"status": "healthy"}  # the server stays up

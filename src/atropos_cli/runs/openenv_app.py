@@ -124,6 +124,8 @@ async def _ws_answer(session: Session, message: Any) -> dict[str, Any] | None:
         return _error(f"Invalid message: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}", "VALIDATION_ERROR")
     except AtroposError as exc:
         return _error(exc.text, "EXECUTION_ERROR")
+    except Exception as exc:  # noqa: BLE001 - env code (items, eval split): the client gets it, the server stays up
+        return _error(f"{type(exc).__name__}: {exc}", "EXECUTION_ERROR")
 
 
 def create_openenv_app(
@@ -181,6 +183,8 @@ def create_openenv_app(
                 raise HTTPException(422, detail=exc.errors(include_url=False)) from None
             except AtroposError as exc:
                 return render(409 if isinstance(exc, EpisodeError) else 500, exc.text, exc.hint)
+            except Exception as exc:  # noqa: BLE001 - env code: a 500 with its message, the server stays up
+                return render(500, f"{type(exc).__name__}: {exc}", "see the env's code")
 
     @app.post("/reset")
     async def reset(body: dict[str, Any] | None = None) -> Any:

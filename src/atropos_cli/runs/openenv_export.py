@@ -192,6 +192,8 @@ class Exported:
     _exhausted: bool = False
 
     async def item(self, seed: int | None, split: str) -> tuple[int, Any]:
+        from atropos_cli.runs.envcall import call_env
+
         if split == "eval":
             return self._eval_item(seed)
         if split != "train":
@@ -205,7 +207,7 @@ class Exported:
                 )
             self._next = max(self._next, index + 1)
             while len(self._train) <= index and not self._exhausted:
-                item = await self.env.get_next_item()
+                item = await call_env(self.env, "get_next_item", self.env.get_next_item())
                 if item is None:
                     self._exhausted = True
                 else:
