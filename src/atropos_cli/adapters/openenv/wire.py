@@ -152,9 +152,12 @@ class OpenEnvSession:
             ) from None
         if answer.get("type") == "error":
             data = answer.get("data") or {}
+            code = data.get("code", "?")
+            hint = "the env rejected the action or failed; see its log"
+            if code == "CAPACITY_REACHED":
+                hint = "the server takes fewer sessions at once: lower --env.max_sessions"
             raise OpenEnvError(
-                f"env server error on {message['type']}: {data.get('message', 'unknown')} ({data.get('code', '?')})",
-                hint="the env rejected the action or failed; see its log",
+                f"env server error on {message['type']}: {data.get('message', 'unknown')} ({code})", hint=hint
             )
         return answer.get("data")
 
