@@ -18,18 +18,14 @@ has messages and scores only.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import re
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env.base import BaseEnv, record_failure
-from atropos_cli.env.multiturn import TokenTrace
-from atropos_cli.errors import ServerUnreachableError
+from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, trace_fields
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
 RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
@@ -104,7 +100,7 @@ class Played:
     finish_reason: str | None
 
 
-class BlackjackEnv(BaseEnv):
+class BlackjackEnv(MultiTurnEnv):
     name: ClassVar[str] = "blackjack"
     version: ClassVar[str] = "1"
     description: ClassVar[str] = (
@@ -123,31 +119,6 @@ class BlackjackEnv(BaseEnv):
             yield {"id": f"{split}-{index}", "deck_seed": f"{self.config.seed}:{split}:{index}"}
             index += 1
 
-    async def setup(self) -> None:
-        self._train = self.items("train")
-
-    async def get_next_item(self) -> dict[str, Any] | None:
-        if not hasattr(self, "_train"):
-            await self.setup()
-        return next(self._train, None)
-
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredGroup | None, list[Any]]:
-        started = time.perf_counter()
-        results = await asyncio.gather(
-            *(self.play(item) for _ in range(self.config.group_size)), return_exceptions=True
-        )
-        played: list[Played] = []
-        for index, result in enumerate(results):
-            if isinstance(result, ServerUnreachableError):
-                raise result
-            if isinstance(result, BaseException):
-                record_failure(result, env=self.name, item_id=item["id"], rollout_index=index)
-            else:
-                played.append(result)
-        if not played:
-            return None, []
-        return self._group(item, played, time.perf_counter() - started), []
-
     async def play(self, item: dict[str, Any]) -> Played:
         """One hand: alternate model moves and simulator observations until the hand is over."""
         game = BlackjackGame(item["deck_seed"])
@@ -160,7 +131,7 @@ class BlackjackEnv(BaseEnv):
         prompt_ids = trace.start(messages) if trace else None
         finish_reason, invalid, turns = None, 0.0, 0
         while True:
-            choice = await self._move(messages, prompt_ids)
+            choice = await self.reply(messages, prompt_ids)
             finish_reason, turns = choice.finish_reason, turns + 1
             if trace:
                 trace.add_reply(choice.text, choice.token_ids, choice.logprobs, choice.finish_reason)
@@ -185,22 +156,10 @@ class BlackjackEnv(BaseEnv):
         parts = {"correct": 1.0 if score > 0 else 0.0, "invalid": invalid, "turns": float(turns)}
         return Played(messages, score, parts, trace, finish_reason)
 
-    async def _move(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
-        params = self.sampling_params(n=1).model_dump(exclude_none=True)
-        if prompt_ids is not None:
-            generation = await self.server.completion(prompt=prompt_ids, **params)
-        else:
-            generation = await self.server.chat_completion(messages=messages, **params)
-        return generation.choices[0]
-
-    def _group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
-        traces = [p.trace for p in played]
-        with_tokens = all(t is not None for t in traces)
-        logprobs = [t.logprobs for t in traces] if with_tokens else None  # type: ignore[union-attr]
+    def group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
+        with_tokens = all(p.trace is not None for p in played)
         return ScoredGroup(
-            tokens=[t.tokens for t in traces] if with_tokens else [],  # type: ignore[union-attr]
-            masks=[t.masks for t in traces] if with_tokens else [],  # type: ignore[union-attr]
-            inference_logprobs=logprobs if logprobs and all(lp is not None for lp in logprobs) else None,
+            **trace_fields([p.trace for p in played]),
             scores=[p.score for p in played],
             messages=[p.messages for p in played],
             meta=GroupMeta(

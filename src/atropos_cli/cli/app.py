@@ -63,6 +63,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.train",
         "Train a policy with GRPO (or a variant) and save Hugging Face checkpoints under OUT/checkpoints/step-N.",
     ),
+    "export": LazyCommand(
+        "atropos_cli.cli.export",
+        "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server).",
+    ),
     "inference": LazyCommand(
         "atropos_cli.cli.inference",
         "Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health, "

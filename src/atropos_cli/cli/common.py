@@ -90,10 +90,33 @@ def _dotted(token: str) -> bool:
     return token.startswith("--") and bool(dot) and namespace in NAMESPACES and bool(field)
 
 
+def adapter_options_help() -> str:
+    """The `--env.*` flags of each adapter (`vf:`, `gym:`, ...): its config's own fields, for `--help`."""
+    from atropos_cli.cli.options import field_help
+    from atropos_cli.config import EnvConfig
+    from atropos_cli.env.registry import ADAPTERS, adapter_module
+
+    blocks = []
+    for prefix in ADAPTERS:
+        config = adapter_module(prefix).CONFIG
+        own = [name for name in config.model_fields if name not in EnvConfig.model_fields]
+        flags = "; ".join(f"--env.{name}: {field_help(config.model_fields[name])}" for name in own)
+        blocks.append(f"{prefix}:NAME env options: {flags or 'none'}.")
+    return "\n\n".join(blocks)
+
+
 class DottedCommand(TyperCommand):
     """A command whose own options parse strictly (an unknown `--flag` is a usage error with a did-you-mean),
     while Atropos-style dotted flags (`--env.<field> V`, `--openai.<field> V`, any of config.NAMESPACES) are set
-    aside into `ctx.args`."""
+    aside into `ctx.args`. Its help ends with the adapters' own `--env.*` flags (envs of other frameworks)."""
+
+    _base_epilog: str | None = None
+
+    def format_help(self, ctx: Any, formatter: Any) -> None:
+        if self._base_epilog is None:
+            self._base_epilog = self.epilog or ""
+        self.epilog = "\n\n".join(part for part in (self._base_epilog, adapter_options_help()) if part)
+        super().format_help(ctx, formatter)
 
     def parse_args(self, ctx: Any, args: list[str]) -> list[str]:  # typer's own click Context
         takes_value = {

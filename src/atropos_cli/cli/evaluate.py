@@ -80,10 +80,10 @@ def evaluate_command(
 
 
 def _default_out(env: str) -> Path:
+    from atropos_cli.env.registry import spec_stem
     from atropos_cli.runs.process import default_out_dir
 
-    stem = Path(env.split(":")[0]).stem
-    return default_out_dir(f"eval-{stem}")
+    return default_out_dir(f"eval-{spec_stem(env)}")
 
 
 def _run_with_progress(

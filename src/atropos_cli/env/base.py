@@ -299,12 +299,34 @@ class SimpleEnv(BaseEnv):
         self, item: Item, messages: list[Message], generation: Generation, elapsed: float = 0.0
     ) -> ScoredGroup | None:
         """Score each choice with `reward`; failed rewards are recorded and left out of the group."""
+        rewards: list[float | dict[str, float] | BaseException] = []
+        for choice in generation.choices:
+            try:
+                rewards.append(self.reward(choice.text, item))
+            except Exception as exc:  # a reward that raises is one failed rollout, not a crashed run
+                rewards.append(exc)
+        return self.scored_group(item, messages, generation, rewards, elapsed)
+
+    def scored_group(
+        self,
+        item: Item,
+        messages: list[Message],
+        generation: Generation,
+        rewards: Sequence[float | dict[str, float] | BaseException],
+        elapsed: float = 0.0,
+    ) -> ScoredGroup | None:
+        """The group of a generation's choices and their rewards (one per choice, as `reward` returns them; an
+        exception marks that rollout failed: recorded and left out). Envs whose rewards are computed otherwise
+        (async, by another framework) build their group here too."""
         item_id = self.item_id(item)
         kept: list[tuple[int, float, dict[str, float] | None]] = []
-        for index, choice in enumerate(generation.choices):
+        for index, value in enumerate(rewards):
             try:
-                score, parts = _split_reward(self.reward(choice.text, item))
-            except Exception as exc:  # a reward that raises is one failed rollout, not a crashed run
+                if isinstance(value, BaseException):
+                    record_failure(value, env=self.name, item_id=item_id, rollout_index=index)
+                    continue
+                score, parts = _split_reward(value)
+            except Exception as exc:
                 record_failure(exc, env=self.name, item_id=item_id, rollout_index=index)
                 continue
             kept.append((index, score, parts))

@@ -15,17 +15,27 @@ not the sampled ones and the logprobs no longer line up.
 
 So the ids of turn k's prompt are a prefix of turn k+1's (`prompt_ids()` after each `add_messages`), and
 `tokens`/`masks`/`logprobs` line up one to one for the trainer (masked logprob = 1.0, Atropos' convention).
-Used by the multi-turn envs (blackjack); sits between the env and `ScoredGroup`.
+Used by the multi-turn envs (blackjack, the reset/step adapters); sits between the env and `ScoredGroup`.
+`MultiTurnEnv` is their shared frame: items from `items(split)`, a group = `group_size` concurrent `play(item)`
+(one that raises is a failure record), assembled by `group(...)`; `trace_fields` turns the rollouts' traces
+into the group's tokens, masks and logprobs.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import time
+from collections.abc import Awaitable, Iterable, Iterator
+from typing import Any, TypeVar
 
+from atropos_cli.env.base import BaseEnv, record_failure
+from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
-from atropos_cli.types import Message
+from atropos_cli.types import Message, ScoredGroup
 
-__all__ = ["TokenTrace"]
+__all__ = ["TokenTrace", "MultiTurnEnv", "gather_rollouts", "trace_fields"]
+
+T = TypeVar("T")
 
 _SENTINEL = "\u2063ATROPOS_REPLY\u2063"
 
@@ -101,3 +111,71 @@ class TokenTrace:
             self.logprobs.extend(float(x) for x in logprobs)
         else:
             self.logprobs = None  # one reply without logprobs: the rollout has none (never half-filled)
+
+
+async def gather_rollouts(env_name: str, item_id: str | None, plays: Iterable[Awaitable[T]]) -> list[T]:
+    """Run a group's rollouts concurrently. One that raises becomes a failure record and the group keeps the
+    others; an unreachable server propagates (no other rollout can succeed either)."""
+    results = await asyncio.gather(*plays, return_exceptions=True)
+    kept: list[T] = []
+    for index, result in enumerate(results):
+        if isinstance(result, ServerUnreachableError):
+            raise result
+        if isinstance(result, BaseException):
+            record_failure(result, env=env_name, item_id=item_id, rollout_index=index)
+        else:
+            kept.append(result)
+    return kept
+
+
+def trace_fields(traces: list[TokenTrace | None]) -> dict[str, Any]:
+    """A group's `tokens`, `masks` and `inference_logprobs` from its rollouts' traces: empty when a rollout has
+    no trace (no tokenizer), logprobs None unless every rollout has them."""
+    kept = [t for t in traces if t is not None]
+    if len(kept) != len(traces):
+        return {"tokens": [], "masks": [], "inference_logprobs": None}
+    logprobs = [t.logprobs for t in kept]
+    return {
+        "tokens": [t.tokens for t in kept],
+        "masks": [t.masks for t in kept],
+        "inference_logprobs": logprobs if logprobs and all(lp is not None for lp in logprobs) else None,
+    }
+
+
+class MultiTurnEnv(BaseEnv):
+    """A group is `group_size` independent plays of one item: implement `items(split)`, `play(item)` (one
+    rollout, e.g. with a `TokenTrace`) and `group(item, played, elapsed)` (the ScoredGroup of the kept plays)."""
+
+    def items(self, split: str) -> Iterator[Any]:
+        raise NotImplementedError(f"{type(self).__name__} must implement items(split)")
+
+    async def play(self, item: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must implement play(item)")
+
+    def group(self, item: Any, played: list[Any], elapsed: float) -> ScoredGroup:
+        raise NotImplementedError(f"{type(self).__name__} must implement group(item, played, elapsed)")
+
+    async def reply(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
+        """One sampled reply (a `Choice`): sent as token ids when a trace gives them, else as the chat."""
+        params = self.sampling_params(n=1).model_dump(exclude_none=True)
+        if prompt_ids is not None:
+            generation = await self.server.completion(prompt=prompt_ids, **params)
+        else:
+            generation = await self.server.chat_completion(messages=messages, **params)
+        return generation.choices[0]
+
+    async def setup(self) -> None:
+        self._train = self.items("train")
+
+    async def get_next_item(self) -> Any:
+        if not hasattr(self, "_train"):
+            await self.setup()
+        return next(self._train, None)
+
+    async def collect_trajectories(self, item: Any) -> tuple[ScoredGroup | None, list[Any]]:
+        started = time.perf_counter()
+        plays = (self.play(item) for _ in range(self.config.group_size))
+        played = await gather_rollouts(self.name, self.item_id(item), plays)
+        if not played:
+            return None, []
+        return self.group(item, played, time.perf_counter() - started), []

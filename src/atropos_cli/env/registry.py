@@ -1,5 +1,10 @@
 """Finding envs: by name (entry-point group `atropos.envs`: the bundled envs are this package's own entry points,
-installed plugins add theirs), by a bundled module's file name (`math_env`), or by path `file.py[:Class]`.
+installed plugins add theirs), by a bundled module's file name (`math_env`), by path `file.py[:Class]`, or
+by `PREFIX:TARGET` for envs of other frameworks (`vf:NAME`, `gym:ID`, ...: the `ADAPTERS` table).
+
+An adapter is a module of `atropos_cli.adapters` (a layer above `env`, so it is named here by a string and
+imported on use) that defines `CONFIG`, its env config class (whose own fields are the `--env.*` flags listed
+in `--help`), and `load_env_class(target) -> type[BaseEnv]`. Adding a framework is one line in `ADAPTERS`.
 
 `list_envs()` loads each entry point to read its class attributes (name, description); env modules import
 nothing heavy at module level, so listing stays fast.
@@ -23,10 +28,17 @@ from atropos_cli.env.aliases import ALIASES, install_aliases
 from atropos_cli.env.base import BaseEnv
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
 
-__all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names"]
+__all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names", "ADAPTERS", "adapter_module", "spec_stem"]
 
 ENTRY_POINT_GROUP = "atropos.envs"
 BUNDLED_PACKAGE = "atropos_cli.envs"
+
+# `PREFIX:TARGET` -> the adapter module that turns TARGET into an env class (one line per framework).
+ADAPTERS: dict[str, str] = {
+    "gym": "atropos_cli.adapters.gym",
+    "openenv": "atropos_cli.adapters.openenv",
+    "vf": "atropos_cli.adapters.vf",
+}
 
 
 @dataclass(frozen=True)
@@ -156,9 +168,41 @@ def _import_error(path: Path, exc: ImportError) -> EnvLoadError:
     return EnvLoadError(message, hint=hint)
 
 
+def adapter_module(prefix: str) -> ModuleType:
+    """The adapter module of a prefix of `ADAPTERS` (imported now: it imports its framework only when used)."""
+    try:
+        return importlib.import_module(ADAPTERS[prefix])
+    except ImportError as exc:
+        raise EnvLoadError(
+            f"the {prefix}: adapter failed to import: {exc}", hint="reinstall atropos (pip install -e .)"
+        ) from None
+
+
+def spec_stem(spec: str) -> str:
+    """A short file-name-safe name of an env spec, for default output dirs: `my_env.py:Env` -> `my_env`,
+    `gym:games:GuessNumber-v0` -> `gym-GuessNumber-v0`, `vf:reverse_text` -> `vf-reverse_text`."""
+    head, _, rest = spec.partition(":")
+    if head in ADAPTERS and rest:
+        tail = re.split(r"[:/\\]", rest.rstrip("/\\"))[-1]
+        return f"{head}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(tail).stem or tail)}"
+    return Path(head).stem
+
+
+def _resolve_adapter(prefix: str, target: str, spec: str) -> type[BaseEnv]:
+    if not target.strip():
+        raise EnvNotFoundError(f"env {spec!r} names no {prefix} env", hint=f"write {prefix}:NAME")
+    loaded = adapter_module(prefix).load_env_class(target.strip())
+    if not (inspect.isclass(loaded) and issubclass(loaded, BaseEnv)):
+        raise EnvLoadError(f"the {prefix}: adapter returned {loaded!r}, not an env class", hint="report this bug")
+    return loaded
+
+
 def resolve_env(spec: str) -> type[BaseEnv]:
-    """Turn `arithmetic`, `math_env`, `my_env.py`, `my_env.py:MyEnv` or an entry-point name into an env class."""
+    """Turn `arithmetic`, `math_env`, `my_env.py`, `my_env.py:MyEnv`, an entry-point name or `PREFIX:TARGET`
+    (an env of another framework, see `ADAPTERS`) into an env class."""
     path_part, _, class_name = spec.partition(":")
+    if path_part in ADAPTERS:
+        return _resolve_adapter(path_part, class_name, spec)
     if path_part.endswith(".py") or "/" in path_part:
         path = Path(path_part)
         if not path.is_file():
@@ -174,7 +218,8 @@ def resolve_env(spec: str) -> type[BaseEnv]:
     maybe = f"did you mean {close[0]!r}? " if close else ""
     raise EnvNotFoundError(
         f"unknown env {spec!r}",
-        hint=f"{maybe}bundled envs: {', '.join(names)} (see `atropos envs`); or pass a path to a .py file",
+        hint=f"{maybe}bundled envs: {', '.join(names)} (see `atropos envs`); or pass a path to a .py file"
+        + (f", or {' / '.join(p + ':NAME' for p in ADAPTERS)} for another framework's env" if ADAPTERS else ""),
     )
 
 

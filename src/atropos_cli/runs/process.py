@@ -96,7 +96,9 @@ class ProcessStats:
 def default_out_dir(env_name: str, base: Path = Path("runs")) -> Path:
     """runs/<env>, or runs/<env>-2, -3, ... when one holds records (only for the default; an explicit --out is
     refused); a directory left by a run that wrote nothing is reused."""
-    stem = Path(env_name).stem if env_name.endswith(".py") else env_name.split(":")[0]
+    from atropos_cli.env.registry import spec_stem
+
+    stem = spec_stem(env_name)
     candidate = base / stem
     n = 2
     while candidate.exists() and not holds_no_records(list(candidate.iterdir())):

@@ -1,0 +1,3 @@
+from vf_arithmetic.taskset import ArithmeticTaskset
+
+__all__ = ["ArithmeticTaskset"]

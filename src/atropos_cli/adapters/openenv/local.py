@@ -1,0 +1,128 @@
+"""Starting an OpenEnv env server from its package (`openenv:PACKAGE`) on 127.0.0.1 and stopping it.
+
+An OpenEnv env package (what `openenv init` generates and the published envs follow) has its FastAPI app at
+`PACKAGE.server.app:app`; `openenv:PACKAGE.module:attr` names another. The server runs as
+`PYTHON -m uvicorn APP --host 127.0.0.1 --port FREE_PORT` in its own process (the env's Python: the package and
+openenv are often installed in a venv of their own), its output goes to a log file whose tail is shown when it
+fails to start, and it is stopped (SIGTERM, then SIGKILL) when the env object goes away or the process exits.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+from atropos_cli.errors import EnvLoadError
+
+__all__ = ["LocalServer", "app_path", "is_url"]
+
+
+def is_url(target: str) -> bool:
+    return target.startswith(("http://", "https://"))
+
+
+def app_path(package: str) -> str:
+    """`echo_env` -> `echo_env.server.app:app`; `pkg.module:attr` stays as it is."""
+    if ":" in package:
+        return package
+    if not all(part.isidentifier() for part in package.split(".")):
+        raise EnvLoadError(
+            f"openenv:{package}: not a URL nor a Python package name",
+            hint="openenv:http://HOST:PORT (a running server) or openenv:PACKAGE (an installed env package)",
+        )
+    return f"{package}.server.app:app"
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _stop(process: subprocess.Popen[bytes], log_dir: str) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+    shutil.rmtree(log_dir, ignore_errors=True)
+
+
+class LocalServer:
+    """One env server process; `url` once `start()` returned. Stopped by `stop()`, or when garbage-collected."""
+
+    def __init__(self, package: str, python: str | None = None) -> None:
+        self.app = app_path(package)
+        self.python = python or os.environ.get("ATROPOS_OPENENV_PYTHON") or sys.executable
+        self.url = ""
+        self._process: subprocess.Popen[bytes] | None = None
+        self._finalizer: Any = None
+
+    def check(self) -> None:
+        """The python exists and finds the package (without importing it): a bad target fails in milliseconds."""
+        if not Path(self.python).exists() and shutil.which(self.python) is None:
+            raise EnvLoadError(
+                f"python {self.python!r} for the OpenEnv server does not exist",
+                hint="--env.python PATH (the interpreter that has openenv and the env package)",
+            )
+        package = self.app.split(".", 1)[0].split(":", 1)[0]
+        code = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
+        found = subprocess.run([self.python, "-c", code, package], capture_output=True, timeout=60)
+        if found.returncode != 0:
+            raise EnvLoadError(
+                f"the OpenEnv env package {package!r} is not installed for {self.python}",
+                hint="pip install it there, or point --env.python (or $ATROPOS_OPENENV_PYTHON) at its venv",
+            )
+
+    def start(self, timeout_s: float) -> str:
+        self.check()
+        port = _free_port()
+        log_dir = tempfile.mkdtemp(prefix="atropos-openenv-")
+        log = Path(log_dir) / "server.log"
+        command = [self.python, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port)]
+        with log.open("wb") as out:
+            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self._finalizer = weakref.finalize(self, _stop, self._process, log_dir)
+        self.url = f"http://127.0.0.1:{port}"
+        self._wait_healthy(log, timeout_s)
+        return self.url
+
+    def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def _wait_healthy(self, log: Path, timeout_s: float) -> None:
+        import httpx
+
+        assert self._process is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+                self.stop()
+                raise EnvLoadError(
+                    f"the OpenEnv server {self.app} exited with code {self._process.returncode}: "
+                    + (" | ".join(tail) or "no output"),
+                    hint="is the package installed for --env.python (or $ATROPOS_OPENENV_PYTHON)?",
+                )
+            try:
+                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.1)  # polling a starting process, bounded by the deadline above
+        self.stop()
+        raise EnvLoadError(
+            f"the OpenEnv server {self.app} did not answer GET /health within {timeout_s:g}s",
+            hint="raise --env.startup_timeout_s",
+        )
