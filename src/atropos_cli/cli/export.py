@@ -9,7 +9,7 @@ import typer
 
 from atropos_cli.cli.common import DottedCommand, cli_errors, console, fail, warn
 from atropos_cli.errors import AtroposError
-from atropos_cli.httpguard import LOOPBACK_HOSTS
+from atropos_cli.httpguard import HostPolicy, is_loopback_name
 
 EXPORT_HELP = "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server)."
 ENV_HELP = "Env: a bundled name (see `atropos envs`), an installed entry point, or a path file.py[:Class]."
@@ -47,7 +47,7 @@ def openenv_command(
 
     with cli_errors():
         exported = build_exported_env(env, list(ctx.args), str(config) if config else None)
-        if host not in LOOPBACK_HOSTS and not host.startswith("127.") and not api_key:
+        if not is_loopback_name(host) and not api_key:
             warn(f"binding {host} without --api-key: anyone who can reach this port can play the env")
         url = f"http://{host}:{port}"
 
@@ -57,6 +57,8 @@ def openenv_command(
         import socket
 
         import uvicorn
+
+        from atropos_cli.httpserve import uvicorn_config
 
         listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -71,8 +73,9 @@ def openenv_command(
             failed.append(exc)
             server.should_exit = True
 
-        app = create_openenv_app(exported, ready, api_key, setup_failed)
-        server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=2))
+        app = create_openenv_app(exported, ready, api_key, setup_failed, HostPolicy(host))
+        server_config = uvicorn_config(app, None, log_level="warning", timeout_graceful_shutdown=2)
+        server = uvicorn.Server(server_config)
         server.run(sockets=[listener])
         if failed:
             raise failed[0]

@@ -27,7 +27,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import AtroposError, ConfigError
-from atropos_cli.httpguard import BearerAuth, BrowserGuard, is_loopback_origin
+from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
 from atropos_cli.types import Message
 
@@ -133,6 +133,7 @@ def create_openenv_app(
     on_ready: Callable[[], None] | None = None,
     api_key: str | None = None,
     on_error: Callable[[AtroposError], None] | None = None,
+    hosts: HostPolicy | None = None,
 ) -> Any:
     """The FastAPI app serving `exported`. The env's `setup()` runs at startup (in the server's event loop); when
     it fails, `on_error` gets the error (the caller stops the server and reports it; without one it raises)."""
@@ -173,7 +174,8 @@ def create_openenv_app(
     if api_key:
         hint = "send Authorization: Bearer KEY (openenv clients: headers=...; atropos: ATROPOS_OPENENV_API_KEY)"
         app.add_middleware(BearerAuth, api_key=api_key, render=render, hint=hint)
-    app.add_middleware(BrowserGuard, render=render)
+    policy = hosts or HostPolicy()
+    app.add_middleware(BrowserGuard, render=render, hosts=policy)
 
     async def http_call(method: Any, data: dict[str, Any]) -> Any:
         async with http_lock:
@@ -227,7 +229,10 @@ def create_openenv_app(
         origin = socket.headers.get("origin")
         scheme, _, token = socket.headers.get("authorization", "").partition(" ")
         authorized = not api_key or (scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), api_key))
-        if (origin is not None and not is_loopback_origin(origin)) or not authorized:
+        refused = not policy.allows_host(socket.headers.get("host")) or (
+            origin is not None and not policy.allows_origin(origin)
+        )
+        if refused or not authorized:
             await socket.close(code=1008)  # before accept: the handshake is answered 403
             return
         await socket.accept()
