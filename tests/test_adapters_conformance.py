@@ -101,3 +101,23 @@ def test_an_env_error_is_a_failure_record_not_a_crash(case, tmp_path):
     assert len(rollouts) == 4, failures
     assert all("failed on purpose" in f["error"] for f in rollouts)
     assert done.returncode != 0 or "4 rollouts failed" in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_serve_posts_the_adapters_groups_to_the_trajectory_api(case, tmp_path, trajectory_api):
+    import httpx
+
+    api = trajectory_api()
+    registration = {
+        "wandb_group": "g", "wandb_project": "p", "batch_size": 4, "max_token_len": 256, "checkpoint_dir": "c",
+        "save_checkpoint_interval": 1, "starting_step": 0, "num_steps": 10,
+    }  # fmt: skip
+    httpx.post(api.url + "/register", json=registration).raise_for_status()
+    httpx.get(api.url + "/batch").raise_for_status()  # the trainer has started: serve may send
+    cmd = [python_of(case), "-m", "atropos_cli", "serve", case.spec, "--api-url", api.url, "--max-groups", "2"]
+    cmd += [*case.dotted, "--group-size", "2"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=run_env(case), timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    batch = httpx.get(api.url + "/batch").json()["batch"]
+    assert batch and sum(len(g["tokens"]) for g in batch) == 4
+    assert all(g["env_id"] is not None for g in batch)

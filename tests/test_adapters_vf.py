@@ -73,3 +73,16 @@ def test_evaluate_and_train_run_on_a_verifiers_env(ran):
 def test_what_the_adapter_cannot_run_is_a_one_line_error_before_the_model_loads(ran, name, message, hint):
     tmp, done = ran
     assert_refused_before_the_model_loads(done[name], tmp / name, message, hint)
+
+
+def test_sft_gen_reads_a_verifiers_run(ran):
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    tmp, done = ran
+    assert done["arith"].returncode == 0, done["arith"].stderr
+    result = CliRunner().invoke(app, ["sft-gen", str(tmp / "arith"), "--out", str(tmp / "sft")])
+    assert result.exit_code == 0, result.output
+    rows = read_jsonl(tmp / "sft" / "train.jsonl")
+    assert rows and all(row["messages"][0]["content"].startswith("What is ") for row in rows)

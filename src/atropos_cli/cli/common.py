@@ -100,8 +100,8 @@ def adapter_options_help() -> str:
     for prefix in ADAPTERS:
         config = adapter_module(prefix).CONFIG
         own = [name for name in config.model_fields if name not in EnvConfig.model_fields]
-        flags = "; ".join(f"--env.{name}: {field_help(config.model_fields[name])}" for name in own)
-        blocks.append(f"{prefix}:NAME env options: {flags or 'none'}.")
+        flags = " ".join(f"--env.{name}: {field_help(config.model_fields[name]).rstrip('.')}." for name in own)
+        blocks.append(f"Options of {prefix}: envs: {flags or 'none.'}")
     return "\n\n".join(blocks)
 
 

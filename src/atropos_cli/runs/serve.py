@@ -66,7 +66,9 @@ class ServeStats:
 
 
 def default_spill_path(env_name: str) -> Path:
-    return Path(".atropos") / f"serve-spill-{env_name}.jsonl"
+    from atropos_cli.env.registry import spec_stem
+
+    return Path(".atropos") / f"serve-spill-{spec_stem(env_name)}.jsonl"  # `gym:ns/Env-v0` has a slash
 
 
 class _Server:
