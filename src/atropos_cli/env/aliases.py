@@ -3,7 +3,8 @@ compatibility layer `atropos_cli.compat.atroposlib` (same module objects, so cla
 
 The rule: the alias is a finder placed first on `sys.meta_path`, so it wins over a real atroposlib installed
 in the same environment; it is installed by `env.registry` before an env file runs and stays for the life of
-the process (env code may import atroposlib lazily, inside methods). A module already imported as
+the process (env code may import atroposlib lazily, inside methods). `wandb`, when it is not installed, maps to
+a no-op stand-in (`STAND_INS`) the same way. A module already imported as
 `atroposlib...` before the alias was installed (only possible in a process that imported the real package
 itself) is left alone: `python env.py` after the documented `sed` never imports the name at all.
 
@@ -19,9 +20,11 @@ import importlib.util
 import sys
 from types import ModuleType
 
-__all__ = ["ALIASES", "install_aliases", "AliasFinder"]
+__all__ = ["ALIASES", "STAND_INS", "install_aliases", "AliasFinder"]
 
 ALIASES = {"atroposlib": "atropos_cli.compat.atroposlib"}
+# names mapped only while the real package cannot be found (env files import them; we can stand in)
+STAND_INS = {"wandb": "atropos_cli.compat.wandb_standin"}
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -41,6 +44,9 @@ class AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
+        stand_in = STAND_INS.get(fullname)
+        if stand_in is not None and importlib.machinery.PathFinder.find_spec(fullname) is None:
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(stand_in))
         for alias, real in ALIASES.items():
             if fullname == alias or fullname.startswith(alias + "."):
                 real_name = real + fullname[len(alias) :]
