@@ -50,11 +50,15 @@ def _import(path, index):
     folder = os.path.dirname(path)
     stem = os.path.splitext(os.path.basename(path))[0]
     try:
-        return _exec(path, f"atropos_corpus_env_{index}", folder)
+        return _exec(path, f"atropos_corpus_env_{index}", folder)  # its folder on sys.path, as `python FILE`
     except ImportError as exc:
         if "no known parent package" not in str(exc):
             raise
-    return _exec(path, f"{os.path.basename(folder)}.{stem}", os.path.dirname(folder))
+    sys.path.insert(0, os.path.dirname(folder))
+    try:  # the package first (its __init__ may import this very module), then the module in it
+        return importlib.import_module(f"{os.path.basename(folder)}.{stem}")
+    finally:
+        sys.path.remove(os.path.dirname(folder))
 
 
 def _import_ours(path):
@@ -71,20 +75,20 @@ def _exec(path, name, search_dir):
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     sys.path.insert(0, search_dir)
-    sys.path.insert(0, os.path.dirname(path))
     try:
         spec.loader.exec_module(module)
     except BaseException:
         del sys.modules[name]
         raise
     finally:
-        sys.path.remove(os.path.dirname(path))
         sys.path.remove(search_dir)
     return module
 
 
 def _env_classes(module, base_env):
-    return [
+    """The env classes the file defines; an abstract one that another class there extends is a base, not an env
+    (an abstract leaf stays: atroposlib cannot build it, and that is a finding)."""
+    found = [
         obj
         for obj in vars(module).values()
         if inspect.isclass(obj)
@@ -92,6 +96,7 @@ def _env_classes(module, base_env):
         and obj is not base_env
         and obj.__module__ == module.__name__
     ]
+    return [c for c in found if not (inspect.isabstract(c) and any(o is not c and issubclass(o, c) for o in found))]
 
 
 async def _construct(cls, tokenizer, path, ours):
@@ -142,13 +147,31 @@ def main(argv):
     root, tokenizer, files = argv[0], argv[1], argv[2:]
     sys.path.insert(0, root)  # files import `environments.x.y` from the sdist's root
     os.environ.setdefault("WANDB_MODE", "disabled")
-    os.environ.setdefault("OPENAI_API_KEY", "x")  # as `--openai.api_key x` would
+    for key in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "NOUS_API_KEY"):  # judges read keys at construction
+        os.environ.setdefault(key, "x")
+    import atropos_corpus_data
+
+    atropos_corpus_data.install()  # datasets loaded by name at construction get the stand-in rows
     signal.signal(signal.SIGALRM, _alarm)
     out = sys.stdout
     sys.stdout = sys.stderr  # env code prints; only our JSON lines go to stdout
     for index, rel in enumerate(files):
+        before = set(sys.modules)
         out.write(json.dumps(run_file(root, rel, index, tokenizer, ours)) + "\n")
         out.flush()
+        _forget_modules(root, before)
+
+
+def _forget_modules(root, before):
+    """Drop the modules a file brought in from the sdist (`src`, `utils`, ... are common names), so the next
+    file imports its own: each file runs alone under `python FILE`."""
+    for name in set(sys.modules) - before:
+        attrs = getattr(sys.modules.get(name), "__dict__", None) or {}  # never a module's own __getattr__
+        path = attrs.get("__path__")
+        path = getattr(path, "__dict__", {}).get("_path", path)  # a namespace package's own list
+        places = [attrs.get("__file__") or "", *(path if isinstance(path, list) else [])]
+        if any(isinstance(place, str) and place.startswith(root) for place in places):
+            sys.modules.pop(name, None)
 
 
 if __name__ == "__main__":

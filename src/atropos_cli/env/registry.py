@@ -113,24 +113,31 @@ def _import_file(path: Path) -> ModuleType:
     package, the way `python -m folder.file` runs it."""
     install_aliases()  # `import atroposlib...` in the file resolves to our compatibility layer
     try:
-        return _exec_file(path, f"atropos_user_env_{abs(hash(str(path.resolve())))}", path.parent)
+        return _exec_file(path, f"atropos_user_env_{abs(hash(str(path.resolve())))}")
     except ImportError as exc:
         if "no known parent package" not in str(exc):
             raise _import_error(path, exc) from None
-    try:
-        return _exec_file(path, f"{path.resolve().parent.name}.{path.stem}", path.resolve().parent.parent)
+    package_dir = path.resolve().parent
+    sys.path.insert(0, str(package_dir.parent))
+    try:  # the package first (its __init__ may import this very module), then the module in it
+        return importlib.import_module(f"{package_dir.name}.{path.stem}")
     except ImportError as exc:
         raise _import_error(path, exc) from None
+    except Exception as exc:  # any import-time failure of user code becomes one clear line
+        raise EnvLoadError(
+            f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}", hint="fix the env file and run again"
+        ) from None
+    finally:
+        sys.path.remove(str(package_dir.parent))
 
 
-def _exec_file(path: Path, module_name: str, search_dir: Path) -> ModuleType:
+def _exec_file(path: Path, module_name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise EnvLoadError(f"cannot import {str(path)!r}", hint="env files must be Python (.py) files")
     module = importlib.util.module_from_spec(spec)
     sys.modules[module_name] = module
-    added = [str(search_dir), str(path.parent)]  # so an env file can import its siblings
-    sys.path[:0] = added
+    sys.path.insert(0, str(path.parent))  # so an env file can import its siblings
     try:
         spec.loader.exec_module(module)
     except SyntaxError as exc:
@@ -147,8 +154,7 @@ def _exec_file(path: Path, module_name: str, search_dir: Path) -> ModuleType:
             f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}", hint="fix the env file and run again"
         ) from None
     finally:
-        for entry in added:
-            sys.path.remove(entry)
+        sys.path.remove(str(path.parent))
     return module
 
 
