@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -88,15 +89,16 @@ def answer(prompt: str, k: int) -> str:
 
 
 class ConformanceRule:
-    """A fake-server rule: `answer(prompt, times this prompt was seen before)`."""
+    """A fake-server rule: `answer_fn(prompt, times this prompt was seen before)` (default: `answer`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_fn: Callable[[str, int], str] | None = None) -> None:
         self.seen: dict[str, int] = {}
+        self.answer_fn = answer_fn or answer
 
     def __call__(self, prompt: str, _index: int) -> str:
         k = self.seen.get(prompt, 0)
         self.seen[prompt] = k + 1
-        return answer(prompt, k)
+        return self.answer_fn(prompt, k)
 
 
 def portable_tokenizer(model_dir: str | Path, dst: Path) -> Path:

@@ -14,15 +14,14 @@ import json
 import os
 import re
 import subprocess
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
+from atropos_conformance import ConformanceRule, comparable, read_groups
 from atropos_corpus_data import GSM8K, install
-from atropos_conformance import comparable, read_groups
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -53,16 +52,9 @@ def corpus_answer(prompt: str, k: int) -> str:
     return f"I do not know this one, sorry ({k})."
 
 
-class CorpusRule:
+def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like the class it returns
     """A fake-server rule that depends only on the prompt and how often it was seen (request order-proof)."""
-
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, prompt: str, _index: int) -> str:
-        k = self.seen.get(prompt, 0)
-        self.seen[prompt] = k + 1
-        return corpus_answer(prompt, k)
+    return ConformanceRule(corpus_answer)
 
 
 def flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
@@ -133,15 +125,20 @@ def _json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def run_ours(root: Path, file: str, base_url: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
-    """`atropos process FILE ...` through our Typer app in this process, datasets replaced by the stand-ins."""
+def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
+    """`atropos process FILE ...` through our Typer app in this process, against a fresh fake server (our CLI
+    honours the file's own server URL flag), datasets replaced by the stand-ins."""
     from typer.testing import CliRunner
 
     from atropos_cli.cli.app import app
 
     out.mkdir(parents=True, exist_ok=True)
-    args = ["process", str(root / "environments" / file), "--concurrency", "1", *flags(file, base_url, tokenizer, out)]
-    result = CliRunner().invoke(app, args)
+    (server,) = start_servers(tokenizer, 1)
+    try:
+        args = ["process", str(root / "environments" / file), "--concurrency", "1"]
+        result = CliRunner().invoke(app, [*args, *flags(file, server.base_url, tokenizer, out)])
+    finally:
+        stop_servers([server])
     groups = read_groups(out / "groups.jsonl") if (out / "groups.jsonl").is_file() else []
     return result.exit_code, result.output, groups
 
@@ -167,11 +164,7 @@ def test_env_file_groups_match_atroposlib(
     assert reference is not None and reference["ok"], f"{file} under atroposlib: {reference}"
     expected = read_groups(ref_out / "groups.jsonl")
     assert len(expected) == RUNS[file][1]
-    (server,) = start_servers(tokenizer, 1)
-    try:
-        code, output, groups = run_ours(root, file, server.base_url, tokenizer, tmp_path)
-    finally:
-        stop_servers([server])
+    code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
     assert sorted(map(comparable, groups)) == sorted(map(comparable, expected))
     scores = {s for g in groups for s in g["scores"]}
@@ -182,10 +175,6 @@ def test_env_file_groups_match_atroposlib(
 def test_env_file_runs_under_atropos(file: str, root: Path, tokenizer: Path, standins: None, tmp_path: Path) -> None:
     if reference_usable():
         pytest.skip("the differential test runs each file under ours too")
-    (server,) = start_servers(tokenizer, 1)
-    try:
-        code, output, groups = run_ours(root, file, server.base_url, tokenizer, tmp_path)
-    finally:
-        stop_servers([server])
+    code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
     assert len(groups) == RUNS[file][1] and all(re.search(r"\d", json.dumps(g["scores"])) for g in groups)
