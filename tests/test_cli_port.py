@@ -16,13 +16,13 @@ def test_port_lists_missing_names_with_their_lines(tmp_path: Path) -> None:
     env = tmp_path / "old_env.py"
     env.write_text(
         "from atroposlib.envs.base import BaseEnv, NotAThing\n"
-        "from atroposlib.envs.server_handling.server_harness import ServerHarness\n"
+        "from atroposlib.utils.force_diverse_samples import force_diverse_samples\n"
         "ds = load_dataset('gsm8k')\n"
     )
     result = CliRunner().invoke(app, ["port", str(env)])
     assert result.exit_code == 1
     assert f"{env}:1: missing: atroposlib.envs.base has no 'NotAThing'" in result.output
-    assert f"{env}:2: missing: module atroposlib.envs.server_handling.server_harness is not provided" in result.output
+    assert f"{env}:2: missing: module atroposlib.utils.force_diverse_samples is not provided" in result.output
     assert f"{env}:3: note: datasets from the Hugging Face hub" in result.output
 
 

@@ -174,3 +174,65 @@ def test_serve_on_a_busy_port_fails_with_a_hint(tmp_path: Path) -> None:
         result = runner.invoke(app, ["view", str(run), "--serve", "--port", str(port)])
     assert result.exit_code == 1
     assert f"cannot listen on 127.0.0.1:{port}" in result.stderr and "--port 0" in result.stderr
+
+
+def _token_only_run(directory: Path, model: str | None = None) -> tuple[Path, str]:
+    """A groups file like an API batch or a ManagedServer env writes: tokens and masks, no messages, no
+    config.yaml beside it; and the completion text its tokens spell."""
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer("atropos-tiny-arith")
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 4 + 4?"}], tokenize=False,
+                                           add_generation_prompt=True)  # fmt: skip
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    answer_ids = tokenizer.encode("8<|end|>", add_special_tokens=False)
+    tokens = prompt_ids + answer_ids
+    masks = [-100] * len(prompt_ids) + answer_ids
+    meta = GroupMeta(env="managed", model=model) if model else None
+    path = directory / "batch.jsonl"
+    with JsonlWriter(path) as out:
+        out.write(ScoredGroup(tokens=[tokens, tokens], masks=[masks, masks], scores=[1.0, 0.0], meta=meta))
+    return path, "8<|end|>"
+
+
+def test_tokenizer_flag_decodes_token_only_groups(tmp_path: Path) -> None:
+    path, answer = _token_only_run(tmp_path)
+    plain = runner.invoke(app, ["view", str(path), "--out", str(tmp_path / "ids.html")])
+    assert plain.exit_code == 0, plain.output
+    assert "token ids" in (tmp_path / "ids.html").read_text() and answer not in (tmp_path / "ids.html").read_text()
+    decoded = runner.invoke(
+        app, ["view", str(path), "--tokenizer", "atropos-tiny-arith", "--out", str(tmp_path / "t.html")]
+    )
+    assert decoded.exit_code == 0, decoded.output
+    page = (tmp_path / "t.html").read_text()
+    shown = answer.replace("<", "\\u003c").replace(">", "\\u003e")  # as the page embeds its data
+    assert f'"completion (decoded tokens)","{shown}"' in page and "What is 4 + 4?" in page
+
+
+def test_the_groups_meta_model_decodes_without_a_flag(tmp_path: Path) -> None:
+    path, answer = _token_only_run(tmp_path, model="atropos-tiny-arith")
+    result = runner.invoke(app, ["view", str(path)])
+    assert result.exit_code == 0, result.output
+    assert "completion (decoded tokens)" in (tmp_path / "batch.html").read_text()
+
+
+def test_a_tokenizer_that_cannot_be_fetched_fails_fast_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # as on a machine without the hub
+    path, _ = _token_only_run(tmp_path)
+    result = runner.invoke(app, ["view", str(path), "--tokenizer", "no-such-org/no-such-model"])
+    assert result.exit_code != 0
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert lines[0].startswith("error: cannot load tokenizer 'no-such-org/no-such-model'"), result.output
+    assert "Traceback" not in result.output and not (tmp_path / "batch.html").exists()
+
+
+def test_a_saved_api_batch_is_decoded_with_the_tokenizer(tmp_path: Path) -> None:
+    """`curl API/batch > batch.json`: Atropos' `{"batch": [groups]}` reads as its groups, decoded by --tokenizer."""
+    path, answer = _token_only_run(tmp_path)
+    groups = [json.loads(line) for line in path.read_text().splitlines()]
+    batch = tmp_path / "saved_batch.json"
+    batch.write_text(json.dumps({"batch": groups * 3}) + "\n")
+    result = runner.invoke(app, ["view", str(batch), "--tokenizer", "atropos-tiny-arith"])
+    assert result.exit_code == 0, result.output
+    assert "rendered 3 groups (6 rollouts)" in result.output
+    assert "completion (decoded tokens)" in (tmp_path / "saved_batch.html").read_text()

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from atropos_cli.cli.app import app
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import APIServerConfig, ServerManager
 from atropos_cli.compat.atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
-from atropos_cli.compat.atroposlib.utils.tool_call_parser import parse_tool_call, parse_tool_calls
+from atropos_cli.compat.atroposlib.utils.tool_call_parser import parse_tool_call
 from atropos_cli.env.loading import resolve_run_config
 from atropos_cli.errors import EnvLoadError
 from atropos_cli.resources import resolve_model_path
@@ -224,8 +224,6 @@ def test_hermes_tool_calls() -> None:
     assert parse_tool_call(text, tools) == ("calculator", {"expression": "2*3"}, False)
     assert parse_tool_call(text.replace("calculator", "shell"), tools)[0] == "-ERROR-"
     assert parse_tool_call("no call here") == ("-ERROR-", {}, True)
-    content, calls = parse_tool_calls(text)
-    assert content == "Sure." and calls[0]["function"] == {"name": "calculator", "arguments": '{"expression": "2*3"}'}
 
 
 def test_wandb_calls_are_no_ops_without_wandb(monkeypatch: pytest.MonkeyPatch) -> None:

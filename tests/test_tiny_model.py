@@ -275,3 +275,44 @@ def test_trl_sft_with_assistant_only_loss_trains_on_our_messages_dataset(tmp_pat
     trained = [label for label in example["labels"] if label != -100]
     assert trainer.processing_class.decode(trained) == "1<|end|>"  # the answer and its EOS, not the prompt
     assert trainer.train().training_loss > 0
+
+
+def test_chat_template_renders_any_role_none_content_parts_and_tool_calls():
+    """Envs send roles beyond system/user/assistant (blackjack: `environment`, tool envs: `tool`), content as
+    None or a list of parts, and assistant `tool_calls`: each renders, as real templates do, instead of raising."""
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
+    call = {"id": "c0", "type": "function", "function": {"name": "hit", "arguments": '{"a": 1}'}}
+    chat = [
+        {
+            "role": "user",
+            "content": [{"type": "text", "text": "hi "}, {"type": "image_url"}, {"type": "text", "text": "you"}],
+        },
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "content": "ok", "tool_call_id": "c0"},
+        {"role": "environment", "content": "You drew a 5."},
+        {"role": "assistant", "content": "stick", "tool_calls": [{"name": "x", "arguments": {"b": [1, 2]}}]},
+    ]
+    assert tokenizer.apply_chat_template(chat, tokenize=False) == (
+        '<|user|>hi you<|end|><|assistant|><tool_call>{"name": "hit", "arguments": {"a": 1}}</tool_call><|end|>'
+        "<|tool|>ok<|end|><|environment|>You drew a 5.<|end|>"
+        '<|assistant|>stick<tool_call>{"name": "x", "arguments": {"b": [1, 2]}}</tool_call><|end|>'
+    )
+    out = tokenizer.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    trained = tokenizer.decode([i for i, m in zip(out["input_ids"], out["assistant_masks"], strict=True) if m])
+    assert trained == (
+        '<tool_call>{"name": "hit", "arguments": {"a": 1}}</tool_call><|end|>'
+        'stick<tool_call>{"name": "x", "arguments": {"b": [1, 2]}}</tool_call><|end|>'
+    )
+    # the unknown role's header is text, not a special token the model never saw
+    env_turn = tokenizer.apply_chat_template(chat[3:4], tokenize=True, return_dict=True)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(env_turn)[0] != "<|environment|>"
+
+
+def test_shipped_chat_template_is_the_trainer_s():
+    from atropos_cli.trainer.tiny_model import CHAT_TEMPLATE
+
+    config = json.loads((SHIPPED / "tokenizer_config.json").read_text())
+    assert config["chat_template"] == CHAT_TEMPLATE
+    assert (SHIPPED / "chat_template.jinja").read_text().strip() == CHAT_TEMPLATE

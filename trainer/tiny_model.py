@@ -32,20 +32,36 @@ ROLES = ("system", "user", "assistant")
 EOS, PAD = "<|end|>", "<|pad|>"
 SPECIAL_TOKENS = [PAD, EOS, *(f"<|{role}|>" for role in ROLES)]
 
-# Jinja, rendered by transformers' apply_chat_template. Unknown roles are refused rather than silently
-# rendered as tokens the model never saw. An assistant turn's content and its <|end|> sit inside
+# Jinja, rendered by transformers' apply_chat_template. Every role renders as `<|role|>content<|end|>`, as
+# real templates render whatever role an env sends (ChatML: `<|im_start|>role`): system/user/assistant headers
+# are the model's special tokens, any other role (`tool`, `environment`, ...) is plain text the tokenizer
+# spells byte by byte. Content may be a string, None (a tool-call-only assistant turn) or a list of parts (only
+# the `text` parts render); an assistant's `tool_calls` render as hermes `<tool_call>{"name", "arguments"}
+# </tool_call>` blocks after its content. An assistant turn's content and its <|end|> sit inside
 # `{% generation %}` markers (they render nothing): `return_assistant_tokens_mask=True`, and so TRL's
 # `SFTTrainer(assistant_only_loss=True)`, train on exactly those tokens. Rendering a chat's first k messages
 # gives a prefix of rendering all of them (tested).
 CHAT_TEMPLATE = (
+    "{%- macro text(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- elif content is iterable and content is not mapping -%}"
+    "{%- for part in content -%}{%- if part['type'] == 'text' -%}{{ part['text'] }}{%- endif -%}{%- endfor -%}"
+    "{%- endif -%}"
+    "{%- endmacro -%}"
+    "{%- macro calls(message) -%}"
+    "{%- for call in message.get('tool_calls') or [] -%}"
+    "{%- set function = call['function'] if call['function'] is defined else call -%}"
+    "{%- set arguments = function['arguments'] -%}"
+    "{{ '<tool_call>{\"name\": ' + (function['name'] | tojson) + ', \"arguments\": ' }}"
+    "{{- arguments if arguments is string else (arguments | tojson) }}{{ '}</tool_call>' }}"
+    "{%- endfor -%}"
+    "{%- endmacro -%}"
     "{% for message in messages %}"
-    "{% if message['role'] not in ['system', 'user', 'assistant'] %}"
-    "{{ raise_exception('unsupported role ' + message['role'] + ': use system, user or assistant') }}"
-    "{% endif %}"
     "{% if message['role'] == 'assistant' %}"
-    "{{ '<|assistant|>' }}{% generation %}{{ message['content'] + '<|end|>' }}{% endgeneration %}"
+    "{{ '<|assistant|>' }}{% generation %}{{ text(message['content']) + calls(message) + '<|end|>' }}"
+    "{% endgeneration %}"
     "{% else %}"
-    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{{ '<|' + message['role'] + '|>' + text(message['content']) + '<|end|>' }}"
     "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"

@@ -1,7 +1,10 @@
 """`atropos view`: render scored groups (jsonl or parquet; a file, a run dir, several runs) to one HTML page.
 
 Flow: paths -> `readers.expand_inputs` -> `readers.iter_groups` (bad lines become warnings) ->
-`writers.html.render_html` -> RUN/index.html, FILE-stem.html, or --out. `--serve` then serves that page
+`writers.html.render_html` -> RUN/index.html, FILE-stem.html, or --out. Token-only rollouts (API batches,
+ManagedServer groups: tokens, no messages) show as text decoded by `--tokenizer NAME` (loaded first: a name
+that cannot be loaded fails at once), else by the run's own tokenizer (its config.yaml, else the groups'
+`meta.model`), else as token ids. `--serve` then serves that page
 on 127.0.0.1 with the stdlib HTTP server, re-rendering it on every load of `/`, so a reload shows a run that
 is still being written.
 """
@@ -65,7 +68,9 @@ def count_failures(files: list[Path]) -> int:
     return total
 
 
-def render_view(inputs: list[str], out: Path | None, title: str | None = None) -> ViewResult:
+def render_view(
+    inputs: list[str], out: Path | None, title: str | None = None, tokenizer: str | None = None
+) -> ViewResult:
     """Read `inputs`, write the page and say what went into it."""
     from atropos_cli.formats.html import render_html
     from atropos_cli.formats.reader import expand_inputs, iter_groups
@@ -83,19 +88,33 @@ def render_view(inputs: list[str], out: Path | None, title: str | None = None) -
 
     failures = count_failures(files)
     title = title or default_title(inputs, files)
-    decode = _decoder(files)
+    decode = _decoder(files, tokenizer)
     render_html(counted(), out_path, title=title, failures=failures, bad_records=bad, decode=decode)
     return ViewResult(out_path, counts[0], counts[1], failures, bad)
 
 
-def _decoder(files: list[Path]) -> Any:
-    """The tokenizer of the first run among `files` (its config.yaml), to show token-only groups as text."""
-    from atropos_cli.formats.html import run_decoder
+def _decoder(files: list[Path], tokenizer: str | None) -> Any:
+    """`tokenizer` (loaded now, so a bad name fails before any page is written), else the tokenizer of the
+    first run among `files` (its config.yaml), else the first group's `meta.model`; None: token ids shown."""
+    from atropos_cli.formats.html import names_decoder, run_decoder
 
+    if tokenizer is not None:
+        from atropos_cli.inference.tokenizer import load_tokenizer
+
+        loaded = load_tokenizer(tokenizer)
+        return lambda ids: loaded.decode(ids)
     for f in files:
         for config in (f.parent / "config.yaml", Path(f"{f.with_suffix('')}.config.yaml")):
             if config.is_file():
                 return run_decoder(config)
+    return names_decoder([_first_model(files)])
+
+
+def _first_model(files: list[Path]) -> str | None:
+    from atropos_cli.formats.reader import iter_groups
+
+    for sourced in iter_groups(files, on_bad=lambda bad: None):
+        return sourced.group.meta.model if sourced.group.meta is not None else None
     return None
 
 
@@ -122,14 +141,16 @@ def _print_warnings(result: ViewResult) -> None:
 class _ViewServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, address: tuple[str, int], inputs: list[str], out: Path, title: str | None) -> None:
+    def __init__(
+        self, address: tuple[str, int], inputs: list[str], out: Path, title: str | None, tokenizer: str | None
+    ) -> None:
         super().__init__(address, _ViewHandler)
-        self.inputs, self.out, self.title = inputs, out, title
+        self.inputs, self.out, self.title, self.tokenizer = inputs, out, title, tokenizer
         self.lock = threading.Lock()
 
     def page(self) -> bytes:
         with self.lock:  # one render at a time: they share the output file
-            render_view(self.inputs, self.out, self.title)
+            render_view(self.inputs, self.out, self.title, self.tokenizer)
             return self.out.read_bytes()
 
 
@@ -157,9 +178,9 @@ class _ViewHandler(BaseHTTPRequestHandler):
         """Quiet: the command prints its URL once; per-request logs would bury it."""
 
 
-def serve(inputs: list[str], out: Path, title: str | None, host: str, port: int) -> None:
+def serve(inputs: list[str], out: Path, title: str | None, host: str, port: int, tokenizer: str | None = None) -> None:
     try:
-        server = _ViewServer((host, port), inputs, out, title)
+        server = _ViewServer((host, port), inputs, out, title, tokenizer)
     except OSError as exc:
         raise fail(
             f"cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -187,14 +208,22 @@ def view_command(
     ] = False,
     port: Annotated[int, typer.Option("--port", help="Port for --serve (0 = any free port).")] = 8080,
     host: Annotated[str, typer.Option("--host", help="Address for --serve.")] = "127.0.0.1",
+    tokenizer: Annotated[
+        str | None,
+        typer.Option(
+            "--tokenizer",
+            help="Decode token-only groups (API batches, ManagedServer groups) with this tokenizer (a shipped "
+            "model, a local directory or a hub id). Default: the run's own (config.yaml, else meta.model).",
+        ),
+    ] = None,
 ) -> None:
     """Render scored groups to one self-contained HTML page (search, score filter, keyboard navigation)."""
     with cli_errors():
-        result = render_view(paths, out)
+        result = render_view(paths, out, tokenizer=tokenizer)
         _print_warnings(result)
         console.print(summary_line(result), soft_wrap=True, markup=False)
         if serve_page:
-            serve(paths, result.path, None, host, port)
+            serve(paths, result.path, None, host, port, tokenizer)
 
 
 def register(app: typer.Typer) -> None:

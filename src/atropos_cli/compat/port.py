@@ -1,8 +1,8 @@
 """`atropos port FILE`'s library half: what an Atropos env file uses that this compatibility layer lacks.
 
 `scan_env_file(path)` reads the file's `atroposlib` imports (AST, without running it) and checks each name
-against `atropos_cli.compat.atroposlib`, and flags the atroposlib features it accepts but does not
-implement (SLURM discovery, the testing harness, the ManagedServer proxy, hub datasets/tokenizers offline).
+against `atropos_cli.compat.atroposlib`, and flags what needs the Hugging Face hub (datasets, tokenizers),
+which an offline machine does not have.
 """
 
 from __future__ import annotations
@@ -17,9 +17,6 @@ __all__ = ["PortFinding", "PortReport", "scan_env_file"]
 TARGET = "atropos_cli.compat.atroposlib"
 # (substring of the source, what we do instead)
 NOTES = (
-    ("slurm", "--slurm: servers are taken from the config (no SLURM node discovery)"),
-    ("ServerHarness", "the testing harness is not provided: use atropos_cli.testing.FakeInferenceServer"),
-    ("proxy_url", "the ManagedServer proxy is not provided: managed_server() runs in-process"),
     ("load_dataset(", "datasets from the Hugging Face hub need the hub (or its cache): offline, load local files"),
     ("from_pretrained(", "tokenizers/models from the hub need the hub (or its cache): offline, pass a local dir"),
 )

@@ -26,7 +26,7 @@ from atropos_cli.formats.reader import BadRecord, SourcedGroup
 from atropos_cli.formats.text import content_text
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["render_html", "PAGE_SIZE", "source_label", "embed_json", "run_decoder", "Decoder"]
+__all__ = ["render_html", "PAGE_SIZE", "source_label", "embed_json", "run_decoder", "names_decoder", "Decoder"]
 
 Decoder = Callable[[list[int]], "str | None"]
 
@@ -68,9 +68,6 @@ def run_decoder(config_path: Path) -> Decoder | None:
     decoder; None when the run names none or it cannot be loaded (the page then shows token ids)."""
     import yaml
 
-    from atropos_cli.errors import AtroposError
-    from atropos_cli.inference.tokenizer import load_tokenizer
-
     try:
         config = yaml.safe_load(Path(config_path).read_text()) or {}
     except (OSError, yaml.YAMLError):
@@ -78,11 +75,19 @@ def run_decoder(config_path: Path) -> Decoder | None:
     servers = config.get("openai") or []
     found = [(config.get("env") or {}).get("tokenizer_name"), *(s.get("tokenizer_name") for s in servers)]
     found += [s.get("model_name") for s in servers if s.get("server_type") == "local"]
-    names: list[str] = [n for n in found if isinstance(n, str) and n and n != "none"]
+    return names_decoder(found)
+
+
+def names_decoder(candidates: list[Any]) -> Decoder | None:
+    """A decoder by the first of `candidates` (tokenizer names) that loads, loaded on first use (pages whose
+    groups all have messages never need it); None when there is no name."""
+    from atropos_cli.errors import AtroposError
+    from atropos_cli.inference.tokenizer import load_tokenizer
+
+    names: list[str] = [n for n in candidates if isinstance(n, str) and n and n != "none"]
     loaded: list[Any] = []
 
     def decode(ids: list[int]) -> str | None:
-        """Loads the tokenizer on first use (pages whose groups all have messages never need it)."""
         while not loaded and names:
             try:
                 loaded.append(load_tokenizer(names.pop(0)))

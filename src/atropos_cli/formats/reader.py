@@ -11,8 +11,10 @@ What is tolerated and what is not:
 - a file that is not rollouts at all (no line is a group, or a parquet file without the rollout columns)
   raises `RecordError` with a hint, whatever `strict` says.
 
-Atropos' own process-mode jsonl reads as is: its lines have no `meta`, and its `messages` may hold one plain
-message (or string) per rollout instead of one chat per rollout; `normalize_record` turns those into chats.
+A line holding a saved trajectory-API batch (`{"batch": [group, ...]}`, e.g. `curl .../batch > batch.json`)
+reads as its groups. Atropos' own process-mode jsonl reads as is: its lines have no `meta`, and its
+`messages` may hold one plain message (or string) per rollout instead of one chat per rollout;
+`normalize_record` turns those into chats.
 """
 
 from __future__ import annotations
@@ -138,18 +140,34 @@ def normalize_record(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, "messages": [_as_chat(entry, n) for entry in messages]}
 
 
-def parse_line(line: bytes) -> ScoredGroup | str:
-    """A group, or the reason the line is not one."""
-    try:
-        data = json.loads(line)
-    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
-        return f"not valid JSON ({exc})"
+def _group(data: Any) -> ScoredGroup | str:
     if not isinstance(data, dict):
         return f"not a group: expected a JSON object, got {type(data).__name__}"
     try:
         return ScoredGroup.model_validate(normalize_record(data))
     except ValidationError as exc:
         return f"not a valid group: {describe_validation_error(exc)}"
+
+
+def parse_line(line: bytes) -> ScoredGroup | str:
+    """A group, or the reason the line is not one."""
+    try:
+        data = json.loads(line)
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError are both ValueErrors
+        return f"not valid JSON ({exc})"
+    return _group(data)
+
+
+def _line_results(line: bytes) -> list[ScoredGroup | str]:
+    """The groups of one line: one group, or each group of a saved trajectory-API batch (`GET /batch`'s
+    `{"batch": [group, ...]}`, Atropos' wire shape)."""
+    try:
+        data = json.loads(line)
+    except ValueError as exc:
+        return [f"not valid JSON ({exc})"]
+    if isinstance(data, dict) and isinstance(data.get("batch"), list) and "scores" not in data:
+        return [_group(group) for group in data["batch"]]
+    return [_group(data)]
 
 
 def _open(path: Path) -> io.BufferedIOBase:
@@ -162,10 +180,10 @@ def _jsonl_results(path: Path) -> Iterator[tuple[int, ScoredGroup | str]]:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            result = parse_line(line)
-            if isinstance(result, str) and not line.endswith(b"\n"):
-                result = f"incomplete last line (the writer stopped mid-line?): {result}"
-            yield number, result
+            for result in _line_results(line):
+                if isinstance(result, str) and not line.endswith(b"\n"):
+                    result = f"incomplete last line (the writer stopped mid-line?): {result}"
+                yield number, result
 
 
 def _parquet_results(path: Path) -> Iterator[tuple[str, ScoredGroup | str]]:

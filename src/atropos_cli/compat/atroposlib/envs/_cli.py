@@ -7,6 +7,10 @@ Flags as atroposlib reads them: `--env.<field> V`, `--openai.<field> V`, `--slur
   viewer beside it (`<stem>.html`) and our parquet/config/failures siblings. Groups run one at a time.
 - `evaluate`: `setup()` then `evaluate()`; `evaluate_config.yaml` in `data_dir_to_save_evals`.
 - `serve`: our online loop against `--env.rollout_server_url`.
+- `--slurm V` / `--testing V` (or YAML top-level `slurm:` / `testing:`; default false, as atroposlib's CLI
+  passes them) go to the env's constructor: `--slurm true` spreads the first server over the Slurm job's
+  inference nodes, `--testing true` answers from a ServerHarness (see server_manager). `--proxy_url URL`
+  routes `managed_server()` through the ManagedServer proxy (as ATROPOS_PROXY_URL does).
 This is a script entry point: a usage error or an AtroposError ends the process with a one-line message
 (SystemExit), never a traceback.
 """
@@ -14,10 +18,12 @@ This is a script entry point: a usage error or an AtroposError ends the process 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from atropos_cli.compat.atroposlib.envs._manager_flags import manager_flags, reset_manager_flags
 from atropos_cli.compat.atroposlib.utils.cli import get_double_dash_flags
 from atropos_cli.errors import AtroposError
 
@@ -59,7 +65,33 @@ def _parse(cls: type[Any], argv: list[str]) -> tuple[str, list[str], str | None,
         raise SystemExit(f"error: unknown flag --{unknown[0]}\n{_usage(cls)}")
     dotted = [part for k, v in flags.items() if k.startswith(NAMESPACES) for part in (f"--{k}", str(v))]
     manager: dict[str, Any] = {k: flags[k] for k in ("slurm", "testing") if k in flags}
+    if flags.get("proxy_url"):  # the ManagedServer proxy: ServerManager reads it from the environment
+        os.environ["ATROPOS_PROXY_URL"] = str(flags["proxy_url"])
     return argv[0], dotted, flags.get("config"), manager
+
+
+def _flag(value: Any, name: str) -> bool:
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no", "none"):
+        return False
+    raise SystemExit(f"error: --{name} takes true or false, not {value!r}")
+
+
+def _manager_flags(manager: dict[str, Any], config: str | None) -> dict[str, bool]:
+    """--slurm / --testing over the YAML file's top-level keys (CLI > YAML > false)."""
+    from_yaml: dict[str, Any] = {}
+    if config:
+        import yaml
+
+        try:
+            loaded = yaml.safe_load(Path(config).read_text()) or {}
+        except (OSError, yaml.YAMLError):
+            loaded = {}  # the config loader reports a bad file with its own error
+        from_yaml = {k: loaded[k] for k in ("slurm", "testing") if isinstance(loaded, dict) and k in loaded}
+    merged = {**from_yaml, **manager}
+    return {name: _flag(merged.get(name, False), name) for name in ("slurm", "testing")}
 
 
 def _load(cls: type[Any], mode: str, dotted: list[str], config: str | None) -> Any:
@@ -104,7 +136,8 @@ async def _serve(loaded: Any) -> Any:
 
 
 def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
-    mode, dotted, config, _manager = _parse(cls, sys.argv[1:] if argv is None else argv)
+    mode, dotted, config, manager = _parse(cls, sys.argv[1:] if argv is None else argv)
+    token = manager_flags(**_manager_flags(manager, config))
     try:
         loaded = _load(cls, mode, dotted, config)
         runner = (
@@ -115,6 +148,8 @@ def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
+    finally:
+        reset_manager_flags(token)
     _report(mode, loaded, result)
 
 

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 from pydantic import ConfigDict, Field
 
 from atropos_cli.compat.atroposlib.envs._logging import WandbHooks
+from atropos_cli.compat.atroposlib.envs._manager_flags import manager_kwargs
 from atropos_cli.compat.atroposlib.envs._records import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
 from atropos_cli.compat.atroposlib.envs.server_handling.server_baseline import ReasoningConfig
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
@@ -158,7 +159,9 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
                 f"{cls.__name__} takes no teacher server (--teacher.* / YAML teacher:)",
                 hint="subclass atroposlib.envs.teacher_distillation_env.TeacherDistillationEnv to distill",
             )
-        return cls(config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers])
+        return cls(
+            config=config, server_configs=[APIServerConfig(**s.model_dump()) for s in servers], **manager_kwargs(cls)
+        )
 
     # -- atroposlib's hooks ---------------------------------------------------------------------------
     async def after_group(self, result: Any, item: Item) -> Any:

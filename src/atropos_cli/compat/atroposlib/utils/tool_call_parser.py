@@ -3,6 +3,7 @@
 `parse_tool_call(text, tools, tags)` -> `(name, arguments, is_error)`; the name is "-ERROR-" when there is no
 call, the JSON does not parse, or (given `tools`) the name is not one of them. Single quotes are read as
 double quotes, as models often write them.
+The per-model parsers a ManagedServer uses (`tool_parser=`) are atropos_cli.compat.tool_parsers.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["extract_tool_call", "parse_tool_call", "parse_tool_calls"]
+__all__ = ["extract_tool_call", "parse_tool_call"]
 
 ERROR = "-ERROR-"
 
@@ -58,22 +59,3 @@ def parse_tool_call(
     if available_tools and name not in _tool_names(available_tools):
         return ERROR, arguments, True
     return name, arguments, False
-
-
-def parse_tool_calls(text: str) -> tuple[str, list[dict[str, Any]]]:
-    """Every hermes call in `text` as OpenAI `tool_calls` entries, and the text with the calls removed."""
-    calls = []
-    for i, block in enumerate(re.findall(r"<tool_call>(.*?)</tool_call>", text, re.DOTALL)):
-        call = _decode(block.strip())
-        if call is None or not call.get("name"):
-            continue
-        arguments = call.get("arguments", {})
-        calls.append(
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(arguments)},
-            }
-        )
-    content = re.sub(r"<tool_call>.*?</tool_call>", "", text, flags=re.DOTALL).strip()
-    return content, calls

@@ -6,7 +6,11 @@ choice: `tokens` (prompt + completion), `masked_tokens` (-100 on prompt position
 positions). A later call whose rendered prompt extends a node's `full_text` (the next turn of the same
 conversation) reuses that node's tokens and replaces it, so a multi-turn rollout ends as one node whose
 earlier completions stay unmasked. `track_tree=True` keeps every node instead. With tools and a tool parser
-("hermes"), `<tool_call>` blocks come back as `message.tool_calls`; nodes keep the raw text.
+(`tool_parser=`: hermes, qwen, llama3_json, llama4_json, mistral, deepseek_v3, deepseek_v3_1, qwen3_coder;
+see tool_call_translator), the calls in a completion come back as `message.tool_calls` (finish_reason
+"tool_calls") and an assistant message with `tool_calls` in a later prompt renders as the raw text it came
+from; nodes keep the raw text. `ManagedServerAdapter` makes a ManagedServer look like an `AsyncOpenAI` client
+(`.chat.completions.create`, `.completions.create`, `.base_url`) for libraries such as verifiers.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-__all__ = ["SequenceNode", "ManagedServer", "DummyManagedServer"]
+__all__ = ["SequenceNode", "ManagedServer", "DummyManagedServer", "ManagedServerAdapter"]
 
 
 class SequenceNode(BaseModel):
@@ -58,8 +62,22 @@ class ManagedServer:
         self.preserve_think_blocks = preserve_think_blocks
         self.current_nodes: list[SequenceNode] = []
         self.sequences: dict[str, SequenceNode] = {}
+        self._translator: Any = None
+
+    @property
+    def _tool_parser_name(self) -> str | None:  # atroposlib's attribute name (t1_core reads it)
+        return self.tool_parser
+
+    def _get_translator(self) -> Any:
+        if self._translator is None and self.tool_parser:
+            from atropos_cli.compat.atroposlib.envs.server_handling.tool_call_translator import ToolCallTranslator
+
+            self._translator = ToolCallTranslator(self.tokenizer, parser_name=self.tool_parser)
+        return self._translator
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict] | None) -> str:
+        if tools and self._get_translator() is not None:
+            messages = self._get_translator().convert_messages_for_template(messages)
         if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):
             return "\n".join(f"{m['role']}: {m.get('content', '')}" for m in messages)
         kwargs: dict[str, Any] = {"tokenize": False}
@@ -142,14 +160,10 @@ class ManagedServer:
             self._record(self._node(prompt, prompt_ids, out, lps[i], text, finish, base), base)
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if use_tools:
-                from atropos_cli.compat.atroposlib.utils.tool_call_parser import parse_tool_calls
-
-                content, calls = parse_tool_calls(text)
+                content, calls, parsed_finish = self._get_translator().parse_model_output(text, tool_choice, tools)
                 if calls:
-                    message, finish = (
-                        {"role": "assistant", "content": content or None, "tool_calls": calls},
-                        "tool_calls",
-                    )
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish = parsed_finish
             choices.append({"index": i, "finish_reason": finish, "message": message})
         return _chat_completion(self.server.config.model_name, choices)
 
@@ -227,3 +241,37 @@ class DummyManagedServer(ManagedServer):
             "DummyManagedServer does not support get_logprobs in strict mode. "
             "Use a backend with real prompt logprob support."
         )
+
+
+class ManagedServerAdapter:
+    """A ManagedServer behind the `AsyncOpenAI` surface that libraries call (verifiers): every request goes
+    through the ManagedServer, so its tokens and logprobs are tracked. As in atroposlib, `post()` (vLLM
+    interleaved rollouts) and `copy()` (tokenization endpoints) are not supported and raise."""
+
+    def __init__(self, managed_server: ManagedServer, base_url: str) -> None:
+        self._managed = managed_server
+        self.base_url = base_url
+        self.chat = _ChatNamespace(managed_server)
+        self.completions = _CreateNamespace(managed_server.completion)
+
+    async def post(self, path: str, body: dict, cast_to: type) -> Any:
+        raise NotImplementedError(
+            f"ManagedServerAdapter does not support post() for path {path!r} (vLLM interleaved rollouts); "
+            "use chat.completions.create"
+        )
+
+    def copy(self, **kwargs: Any) -> Any:
+        raise NotImplementedError("ManagedServerAdapter does not support copy() (vLLM tokenization endpoints)")
+
+
+class _CreateNamespace:
+    def __init__(self, create: Any) -> None:
+        self._create = create
+
+    async def create(self, **kwargs: Any) -> Any:
+        return await self._create(**kwargs)
+
+
+class _ChatNamespace:
+    def __init__(self, managed: ManagedServer) -> None:
+        self.completions = _CreateNamespace(managed.chat_completion)
