@@ -35,7 +35,7 @@ CACHE = Path(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache")
 DRIVER = Path(__file__).parent / "atropos_corpus_driver.py"
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
 TOTAL_FILES = 142
-CONSTRUCTED = 86  # the README's number: files whose env classes all construct under `atropos process` (atroposlib: 68)
+CONSTRUCTED = 89  # the README's number: files whose env classes all construct under `atropos process` (atroposlib: 68)
 
 _PKG = "not installed by atropos[atroposlib]: "
 # file -> (why, a text its one-line error must contain). Every file not listed constructs or has no env class.
@@ -81,16 +81,6 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "eval_environments/mixeval_eval.py": ("config_init returns a config without its judge fields", "judge_api_key_env"),
     "eval_environments/mtbench_eval.py": ("config_init returns a config without its judge fields", "judge_api_key_env"),
 }  # fmt: skip
-# names this branch does not have yet (issue 20 Must 4, branch `names`): the file fails with the missing name
-PENDING = {
-    "community/poker_holdem/poker_env.py": "atroposlib.envs.reward_fns",
-    "community/poker_holdem/reward_fns/__init__.py": "atroposlib.envs.reward_fns",
-    "community/poker_holdem/reward_fns/action_match.py": "atroposlib.envs.reward_fns",
-    "community/poker_holdem/reward_fns/bet_sizing.py": "atroposlib.envs.reward_fns",
-    "community/sanskrit_poetry/sanskrit_poetry_env.py": "atroposlib.envs.reward_fns",
-    "dataset_environment/dataset_env.py": "atroposlib.envs.reward_fns",
-    "dataset_environment/dataset_local_server.py": "atroposlib.envs.reward_fns",
-}
 # files atroposlib 0.4.0 itself cannot construct, by the cause its error names (`python FILE process` fails there)
 BROKEN_UPSTREAM = {
     "unexpected keyword argument 'slurm'": "its __init__ takes slurm_job_id; atroposlib's CLI passes slurm=",
@@ -176,19 +166,14 @@ def reference(corpus: tuple[Path, Path, list[str]]) -> dict[str, dict[str, Any]]
 def test_the_corpus_is_the_one_counted(corpus: tuple[Path, Path, list[str]]) -> None:
     files = corpus[2]
     assert len(files) == TOTAL_FILES
-    assert set(EXPECTED) | set(PENDING) <= set(files)
+    assert set(EXPECTED) <= set(files)
 
 
 def test_every_env_file_constructs_under_atropos(ours: dict[str, dict[str, Any]]) -> None:
     surprises = []
     for file, result in sorted(ours.items()):
         error = result["error"] or ""
-        if file in PENDING:
-            ok = f"no module named {PENDING[file]!r}" in error or result["status"] != "error"
-        elif file in EXPECTED:
-            ok = EXPECTED[file][1] in error
-        else:
-            ok = result["status"] in ("ok", "no-env")
+        ok = EXPECTED[file][1] in error if file in EXPECTED else result["status"] in ("ok", "no-env")
         if not ok:
             surprises.append(f"{file}: {result['status']} {error}")
     assert not surprises, "\n".join(surprises)
@@ -211,7 +196,7 @@ def test_what_atroposlib_constructs_ours_constructs(
     lost = [
         f"{file}: {ours[file]['error']}"
         for file, result in reference.items()
-        if result["status"] == "ok" and ours[file]["status"] != "ok" and file not in PENDING
+        if result["status"] == "ok" and ours[file]["status"] != "ok"
     ]
     assert not lost, "\n".join(lost)
     for file, (why, _) in EXPECTED.items():
