@@ -19,6 +19,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from atropos_cli.testing.format_rule import CountingRule
+
 ENVS_DIR = Path(__file__).parent / "data" / "atropos_envs"
 ENV_FILES = sorted(p.name for p in ENVS_DIR.glob("*.py"))
 ENV_FLAGS: dict[str, list[str]] = {
@@ -88,17 +90,11 @@ def answer(prompt: str, k: int) -> str:
     return _arithmetic(question, k) if question else f"no idea {k}"
 
 
-class ConformanceRule:
+class ConformanceRule(CountingRule):
     """A fake-server rule: `answer_fn(prompt, times this prompt was seen before)` (default: `answer`)."""
 
     def __init__(self, answer_fn: Callable[[str, int], str] | None = None) -> None:
-        self.seen: dict[str, int] = {}
-        self.answer_fn = answer_fn or answer
-
-    def __call__(self, prompt: str, _index: int) -> str:
-        k = self.seen.get(prompt, 0)
-        self.seen[prompt] = k + 1
-        return self.answer_fn(prompt, k)
+        super().__init__(answer_fn or answer)
 
 
 def portable_tokenizer(model_dir: str | Path, dst: Path) -> Path:

@@ -146,7 +146,7 @@ def test_wandb_missing_is_a_stand_in_with_one_notice(fake_server, tmp_path: Path
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert done.stderr.count("wandb is not installed") == 1
+    assert done.stderr.count("wandb is not installed") == 1, done.stderr
 
 
 def test_a_missing_package_names_what_to_install(tmp_path: Path) -> None:

@@ -1,20 +1,16 @@
 """`import wandb` in an env file when wandb is not installed: a no-op module (every call does nothing).
 
 `env.aliases` maps the name `wandb` here only while the real package cannot be found, so a user with wandb
-installed gets the real one. Importing this module logs one notice per process. Attributes env code reads
-(`wandb.run`, `wandb.config`) exist; any other name (`wandb.Histogram`, `wandb.Image`, ...) is a no-op callable.
+installed gets the real one; the alias logs one notice per process when an env's `import wandb` gets this.
+Attributes env code reads (`wandb.run`, `wandb.config`) exist; any other name (`wandb.Histogram`,
+`wandb.Image`, ...) is a no-op callable.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 __all__ = ["Table", "init", "log", "finish", "run", "config"]
-
-logging.getLogger("atropos_cli.compat").warning(
-    "wandb is not installed: the env's W&B calls do nothing (pip install wandb to log them)"
-)
 
 run = None
 config: dict[str, Any] = {}

@@ -17,8 +17,10 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
-from types import ModuleType
+from pathlib import Path
+from types import FrameType, ModuleType
 
 __all__ = ["ALIASES", "STAND_INS", "install_aliases", "AliasFinder"]
 
@@ -45,7 +47,8 @@ class AliasFinder(importlib.abc.MetaPathFinder):
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
         stand_in = STAND_INS.get(fullname)
-        if stand_in is not None and importlib.machinery.PathFinder.find_spec(fullname) is None:
+        if stand_in is not None and importlib.machinery.PathFinder.find_spec(fullname) is None and _from_env_code():
+            _notice_once(fullname)
             return importlib.machinery.ModuleSpec(fullname, _AliasLoader(stand_in))
         for alias, real in ALIASES.items():
             if fullname == alias or fullname.startswith(alias + "."):
@@ -55,6 +58,28 @@ class AliasFinder(importlib.abc.MetaPathFinder):
                 is_package = hasattr(importlib.import_module(real_name), "__path__")
                 return importlib.machinery.ModuleSpec(fullname, _AliasLoader(real_name), is_package=is_package)
         return None
+
+
+_NOTICED: set[str] = set()
+_OWN_CODE = str(Path(__file__).resolve().parents[1])
+
+
+def _from_env_code() -> bool:
+    """Whether the import being resolved is written in user code (an env file), not in an installed library
+    probing for an optional package (transformers asks `find_spec("wandb")`: it must keep seeing none)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and ("importlib" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    where = frame.f_code.co_filename if frame is not None else ""
+    return not (where.startswith(_OWN_CODE) or "site-packages" in where or "dist-packages" in where)
+
+
+def _notice_once(name: str) -> None:
+    if name not in _NOTICED:
+        _NOTICED.add(name)
+        logging.getLogger("atropos_cli.env").warning(
+            "%s is not installed: the env's calls to it do nothing (pip install %s to use it)", name, name
+        )
 
 
 def install_aliases() -> None:

@@ -12,7 +12,11 @@ __all__ = ["wandb", "active"]
 
 
 def _load() -> Any:
-    try:
+    import importlib.machinery
+
+    try:  # an installed wandb, found without the env alias (whose stand-in notice is for env code's imports)
+        if importlib.machinery.PathFinder.find_spec("wandb") is None:
+            raise ImportError("wandb")
         import wandb as real
     except ImportError:
         from atropos_cli.compat import wandb_standin
