@@ -135,8 +135,9 @@ def test_python_env_process_prints_the_summary_of_kept_groups(fake_server, tmp_p
 
 
 def test_wandb_missing_is_a_stand_in_with_one_notice(fake_server, tmp_path: Path) -> None:
-    pytest.importorskip("atropos_cli")  # the stand-in is only used where wandb is not installed
-    if __import__("importlib").util.find_spec("wandb") is not None:
+    import importlib.machinery
+
+    if importlib.machinery.PathFinder.find_spec("wandb") is not None:  # the installed package, not our alias
         pytest.skip("wandb is installed here: the env gets the real one")
     server = fake_server()
     body = "wandb.log({'x': 1}); wandb.Histogram([1, 2]); return None, []"
