@@ -16,6 +16,15 @@ GSM8K = [
     {"question": "Sara had 10 sweets and ate 4. How many are left?", "answer": "10 - 4 = 6\n#### 6"},
     {"question": "There are 5 cats with 4 legs each. How many legs?", "answer": "5 * 4 = 20\n#### 20"},
 ]
+MCQA = [
+    {
+        "prompt": f"Which option names the {topic}?\nA) alpha\nB) beta\nC) gamma\nD) delta",
+        "answer": index,
+        "ground_truth": "ABCD"[index],
+        "options": ["alpha", "beta", "gamma", "delta"],
+    }
+    for topic, index in (("first letter", 0), ("second letter", 1), ("third letter", 2), ("fourth letter", 3))
+]
 TOOL_ROWS = [
     {
         "conversations": [
@@ -33,6 +42,7 @@ TOOL_ROWS = [
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
     ("openai/gsm8k", "main"): GSM8K,
+    ("NousResearch/AcademicMCQA", "default"): MCQA,
     ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
 }

@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import ConformanceRule, comparable, read_groups
-from atropos_corpus_data import GSM8K, install
+from atropos_corpus_data import GSM8K, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -33,14 +33,16 @@ VLLM = ["--openai.server_type", "openai"]
 RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "mcqa_thinking_env.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
 }
 NOT_RUN = (
     "the other kinds the issue names (tool calling single/multi-turn, gymnasium games, reasoning-gym, judges and "
-    "RLAIF, MCQA, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
+    "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
     "gsm8k_server_teacher_distill.py) are not run yet: each needs its stand-in rows and format-aware answers "
     "written; main's files cannot be fetched at test time (no network but PyPI)"
 )
 _GOLD = {row["question"]: row["answer"].split("#")[-1].strip() for row in GSM8K}
+_LETTER = {row["prompt"].split("\n")[0]: row["ground_truth"] for row in MCQA}
 
 
 def corpus_answer(prompt: str, k: int) -> str:
@@ -49,6 +51,10 @@ def corpus_answer(prompt: str, k: int) -> str:
     if question is not None:
         gold = int(_GOLD[question]) + (k % 2)
         return f"<think>I add the numbers carefully, one step at a time.</think>\nSo the answer is \\boxed{{{gold}}}"
+    topic = next((t for t in _LETTER if t in prompt), None)
+    if topic is not None:  # mcqa_thinking_env: one <think> block, then "The best answer is: X"
+        letter = _LETTER[topic] if k % 2 == 0 else "ABCD"[("ABCD".index(_LETTER[topic]) + 1) % 4]
+        return f"<think>I compare the options one by one.</think>\nThe best answer is: {letter}"
     return f"I do not know this one, sorry ({k})."
 
 
