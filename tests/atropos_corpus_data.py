@@ -8,6 +8,7 @@ Each stand-in is small and written for these tests: a few items, each answerable
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 GSM8K = [
@@ -38,11 +39,29 @@ TOOL_ROWS = [
     }
 ]
 
+CITIES = [f"City{i}" for i in range(104)]  # tool_calling_server.py holds 100 rows out for its test split
+XLAM = [
+    {
+        "conversations": [
+            {"from": "system", "value": '<tools>[{"name": "get_weather", "parameters": {"city": "string"}}]</tools>'},
+            {"from": "human", "value": f"What is the weather in {city} today?"},
+            {
+                "from": "gpt",
+                "value": "<tool_call>\n"
+                + json.dumps({"name": "get_weather", "arguments": {"city": city}})
+                + "\n</tool_call>",
+            },
+        ]
+    }
+    for city in CITIES
+]
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
     ("openai/gsm8k", "main"): GSM8K,
     ("NousResearch/AcademicMCQA", "default"): MCQA,
+    ("NousResearch/XLAM-Atropos", "default"): XLAM,
     ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
 }

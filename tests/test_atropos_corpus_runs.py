@@ -34,9 +34,10 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "mcqa_thinking_env.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "tool_calling_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
 }
 NOT_RUN = (
-    "the other kinds the issue names (tool calling single/multi-turn, gymnasium games, reasoning-gym, judges and "
+    "the other kinds the issue names (multi-turn tool calling, gymnasium games, reasoning-gym, judges and "
     "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
     "gsm8k_server_teacher_distill.py) are not run yet: each needs its stand-in rows and format-aware answers "
     "written; main's files cannot be fetched at test time (no network but PyPI)"
@@ -55,6 +56,11 @@ def corpus_answer(prompt: str, k: int) -> str:
     if topic is not None:  # mcqa_thinking_env: one <think> block, then "The best answer is: X"
         letter = _LETTER[topic] if k % 2 == 0 else "ABCD"[("ABCD".index(_LETTER[topic]) + 1) % 4]
         return f"<think>I compare the options one by one.</think>\nThe best answer is: {letter}"
+    city = re.search(r"weather in (City\d+) today", prompt)
+    if city:  # tool_calling_server.py: a think block, then the hermes tool call (the right city or another)
+        name = city[1] if k % 2 == 0 else "Atlantis"
+        call = json.dumps({"name": "get_weather", "arguments": {"city": name}})
+        return f"<think>The user wants the weather, so I call the tool.</think>\n<tool_call>\n{call}\n</tool_call>"
     return f"I do not know this one, sorry ({k})."
 
 
