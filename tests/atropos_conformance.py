@@ -15,8 +15,11 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from atropos_cli.testing.format_rule import CountingRule
 
 ENVS_DIR = Path(__file__).parent / "data" / "atropos_envs"
 ENV_FILES = sorted(p.name for p in ENVS_DIR.glob("*.py"))
@@ -87,16 +90,11 @@ def answer(prompt: str, k: int) -> str:
     return _arithmetic(question, k) if question else f"no idea {k}"
 
 
-class ConformanceRule:
-    """A fake-server rule: `answer(prompt, times this prompt was seen before)`."""
+class ConformanceRule(CountingRule):
+    """A fake-server rule: `answer_fn(prompt, times this prompt was seen before)` (default: `answer`)."""
 
-    def __init__(self) -> None:
-        self.seen: dict[str, int] = {}
-
-    def __call__(self, prompt: str, _index: int) -> str:
-        k = self.seen.get(prompt, 0)
-        self.seen[prompt] = k + 1
-        return answer(prompt, k)
+    def __init__(self, answer_fn: Callable[[str, int], str] | None = None) -> None:
+        super().__init__(answer_fn or answer)
 
 
 def portable_tokenizer(model_dir: str | Path, dst: Path) -> Path:

@@ -3,6 +3,7 @@ with --run a supported env then runs one group on the shipped local model."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from typer.testing import CliRunner
@@ -43,3 +44,65 @@ def test_port_reads_the_file_without_running_it_unless_asked(tmp_path: Path) -> 
     assert not marker.exists()
     CliRunner().invoke(app, ["port", str(env), "--run"])
     assert marker.read_text() == "ran"  # --run imports it (no env class here, so the run itself fails)
+
+
+LONG_PROMPT_ENV = """
+from atroposlib.envs.base import APIServerConfig, BaseEnv, BaseEnvConfig, ScoredDataGroup
+from atroposlib.utils.tokenize_for_trainer import tokenize_for_trainer
+
+SYSTEM = "You are a careful assistant. " * 120 + "Put your final answer in \\\\boxed{}."
+
+
+class LongEnv(BaseEnv):
+    name = "long_prompt"
+
+    @classmethod
+    def config_init(cls):
+        return BaseEnvConfig(group_size=2, tokenizer_name="atropos-tiny-arith"), APIServerConfig()
+
+    async def setup(self):
+        pass
+
+    async def get_next_item(self):
+        return "What is 1 + 1?"
+
+    async def collect_trajectories(self, item):
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": item}]
+        completion = await self.server.chat_completion(messages=messages, n=2, max_tokens=32)
+        group = ScoredDataGroup(tokens=[], masks=[], scores=[])
+        for choice in completion.choices:
+            turns = [*messages, {"role": "assistant", "content": choice.message.content}]
+            out = tokenize_for_trainer(self.tokenizer, turns)
+            group["tokens"].append(out["tokens"])
+            group["masks"].append(out["masks"])
+            group["scores"].append(1.0 if "\\\\boxed{" in choice.message.content else 0.0)
+        {ending}
+"""
+
+
+def test_port_falls_back_to_the_format_aware_fake_when_the_model_cannot_serve(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = tmp_path / "long_env.py"
+    env.write_text(LONG_PROMPT_ENV.replace("{ending}", "return group, []"))
+    result = CliRunner().invoke(app, ["port", str(env), "--run"])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 0, output
+    assert "on the shipped local model (atropos-tiny-arith): no group; first error:" in output
+    assert "has a context of 256 tokens" in output  # the first error itself, not only a path
+    assert "one group ran on the format-aware fake server" in output
+    group = json.loads((tmp_path / "runs" / "port-long_env-2" / "groups.jsonl").read_text().splitlines()[0])
+    assert group["scores"] and "\\boxed{" in group["messages"][0][-1]["content"]
+    assert (tmp_path / "runs" / "port-long_env" / "failures.jsonl").is_file()  # the failed attempt's record stays
+
+
+def test_port_uses_the_server_the_user_names_and_keeps_its_failures(tmp_path: Path, monkeypatch, fake_server) -> None:
+    monkeypatch.chdir(tmp_path)
+    env = tmp_path / "long_env.py"
+    env.write_text(LONG_PROMPT_ENV.replace("{ending}", "raise ValueError('scoring broke')"))
+    server = fake_server()
+    result = CliRunner().invoke(app, ["port", str(env), "--run", "--base-url", server.base_url])
+    output = " ".join(result.output.split())
+    assert result.exit_code == 1
+    assert f"on the server at {server.base_url}: no group; first error: ValueError: scoring broke" in output
+    failures = tmp_path / "runs" / "port-long_env" / "failures.jsonl"
+    assert failures.is_file() and f"all failures: {failures.relative_to(tmp_path)}" in output

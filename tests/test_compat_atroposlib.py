@@ -235,8 +235,10 @@ async def _wandb_log_without_wandb(monkeypatch: pytest.MonkeyPatch) -> None:
     from atropos_cli.compat.atroposlib.envs import _wandb
 
     monkeypatch.setitem(sys.modules, "wandb", None)  # `import wandb` now raises ImportError
+    from atropos_cli.compat import wandb_standin
+
     stand_in = _wandb._load()
-    assert isinstance(stand_in, _wandb._NoWandb)
+    assert stand_in is wandb_standin
     monkeypatch.setattr(logging_hooks, "wandb", stand_in)
     env = _baseline_env().__new__(_baseline_env())
     env.__dict__.update(rollouts_for_wandb=[[("text", 1.0)]], completion_lengths=[3, 5], max_token_len=10)

@@ -1,10 +1,15 @@
-"""`atropos port FILE`: what an Atropos env file uses that we lack (read, not run); `--run` adds one group on the
-local model."""
+"""`atropos port FILE`: what an Atropos env file uses that we lack (read, not run); `--run` adds one live group.
+
+The live group (only with --run: the file's code then runs as you, unsandboxed) runs on the server the user
+names (`--base-url`, or `--openai.base_url`), else on the shipped local model; when that model cannot serve
+the env (its context is shorter than the env's prompts, or it produces no group), on the format-aware fake
+server (`testing.format_rule`) instead. The output says which one answered; a failed group prints its first
+error and keeps its run folder (`runs/port-<file>/`, with failures.jsonl).
+"""
 
 from __future__ import annotations
 
 import asyncio
-import tempfile
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,16 +25,20 @@ def port_command(
         bool,
         typer.Option(
             "--run",
-            help="Also import the file and run one group on the shipped local model: the file's code runs as you, "
-            "unsandboxed (only for files you trust).",
+            help="Also import the file and run one live group: the file's code runs as you, unsandboxed (only for "
+            "files you trust).",
         ),
     ] = False,
+    base_url: Annotated[
+        str | None, typer.Option(help="With --run: run the group against this OpenAI-compatible server.")
+    ] = None,
 ) -> None:
     """Check an Atropos env file without running it: what it uses that we lack (read from its source).
 
-    Lists each atroposlib name the file imports that we do not provide (file:line) and the features we accept
-    but do not implement. With --run it then imports the file and runs one group with `--openai.server_type
-    local` (the file's code runs unsandboxed); extra dotted flags (--env.*, --openai.*) pass through to that run.
+    Lists each atroposlib name the file imports that we do not provide (file:line) and what needs the hub. With
+    --run it then imports the file (its code runs unsandboxed) and runs one group: on --base-url when given, else
+    on the shipped local model, else (when that model cannot serve the env) on a fake server that answers in the
+    env's format. Extra dotted flags (--env.*, --openai.*) pass through to that run.
     """
     from atropos_cli.compat.port import scan_env_file
 
@@ -44,30 +53,81 @@ def port_command(
         raise fail(f"{len(report.missing)} atroposlib names are not provided", hint="see README: Porting")
     console.print("  every atroposlib name it imports is provided")
     if run:
-        _one_group(file, list(ctx.args))
+        _live_check(file, list(ctx.args), base_url)
     else:
         console.print(
-            "  the file was read, not run: --run imports it and runs one group on the shipped local model "
-            "(its code runs as you, unsandboxed)", soft_wrap=True, markup=False,
+            "  the file was read, not run: --run imports it and runs one group (its code runs as you, unsandboxed)",
+            soft_wrap=True, markup=False,
         )  # fmt: skip
 
 
-def _one_group(file: Path, extra: list[str]) -> None:
+def _live_check(file: Path, extra: list[str], base_url: str | None) -> None:
+    named = base_url or _flag(extra, "--openai.base_url")
+    if named:
+        openai = {"base_url": named}
+        _one_group(file, extra, {"openai": openai}, f"the server at {named}", final=True)
+        return
+    local = {"server_type": "local", "model_name": "atropos-tiny-arith", "base_url": ""}
+    if _one_group(file, extra, {"openai": local}, "the shipped local model (atropos-tiny-arith)", final=False):
+        return
+    from atropos_cli.resources import resolve_model_path
+    from atropos_cli.testing.fake_server import FakeInferenceServer
+    from atropos_cli.testing.format_rule import FormatAwareRule
+
+    console.print("  the shipped model cannot serve this env; trying the format-aware fake server")
+    with FakeInferenceServer(FormatAwareRule(), tokenizer=str(resolve_model_path("atropos-tiny-arith"))) as fake:
+        openai = {"base_url": fake.base_url, "server_type": "vllm", "model_name": "fake-model", "api_key": "x"}
+        _one_group(file, extra, {"openai": openai}, f"the format-aware fake server ({fake.base_url})", final=True)
+
+
+def _flag(args: list[str], name: str) -> str | None:
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith(name + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _one_group(file: Path, extra: list[str], server: dict[str, dict[str, Any]], what: str, final: bool) -> bool:
+    """One group of `file` on `server`; True when it produced a group. A failure prints the first error and
+    keeps the run folder; unless `final`, it only says so (the caller tries another server)."""
     from atropos_cli.env.loading import load_env
-    from atropos_cli.runs.process import RunPaths, prepare_output, run_process
+    from atropos_cli.runs.process import RunPaths, default_out_dir, prepare_output, run_process
 
     overrides: dict[str, dict[str, Any]] = {
         "env": {"total_steps": 1, "tokenizer_name": "atropos-tiny-arith", "use_wandb": False},
-        "openai": {"server_type": "local", "model_name": "atropos-tiny-arith", "base_url": ""},
+        **server,
     }
-    with cli_errors(), tempfile.TemporaryDirectory() as tmp:
+    with cli_errors():
         loaded = load_env(str(file), extra, None, overrides, mode="process")
-        paths = RunPaths.for_dir(Path(tmp) / "run")
+        paths = RunPaths.for_dir(default_out_dir(f"port-{file.stem}"))
         prepare_output(paths, loaded.run_config, resume=False, overwrite=False)
         stats = asyncio.run(run_process(loaded, paths, num_groups=1, concurrency=1, skip=set()))
-        if stats.counts.groups == 0:
-            raise fail("the env produced no group on the local model", hint=f"see {paths.failures}")
-    console.print("  one group ran on the shipped local model (atropos-tiny-arith): the env works here")
+    counts = stats.counts
+    if counts.groups:
+        console.print(f"  one group ran on {what}: the env works here ({paths.root})", soft_wrap=True, markup=False)
+        return True
+    if counts.filtered_groups:
+        reasons = ", ".join(counts.filtered)
+        console.print(f"  on {what} the env filtered its group ({reasons}): it runs here", soft_wrap=True, markup=False)
+        return True
+    first = _first_error(paths.failures)
+    console.print(f"  on {what}: no group; first error: {first} (all: {paths.failures})", soft_wrap=True, markup=False)
+    if final:
+        raise fail(f"the env produced no group on {what}", hint=f"all failures: {paths.failures}")
+    return False
+
+
+def _first_error(failures: Path) -> str:
+    import json
+
+    if not failures.is_file():
+        return "(none recorded)"
+    for line in failures.read_text().splitlines():
+        record = json.loads(line)
+        return str(record.get("error"))
+    return "(none recorded)"
 
 
 def register(app: typer.Typer) -> None:

@@ -132,9 +132,13 @@ def _run_with_progress(loaded: Any, paths: Any, total: int, concurrency: int, sk
 
 
 def _summarise(stats: Any, paths: Any) -> None:
+    from atropos_cli.runs.process import process_report
+
+    report = process_report(stats, paths)
     counts = stats.counts
-    kept = f"; {stats.resumed_groups} kept from before" if stats.resumed_groups else ""
-    console.print(f"wrote {counts.summary()} to {paths.root} in {stats.elapsed:.1f}s{kept}", soft_wrap=True)
+    console.print(report.summary, soft_wrap=True)
+    if report.note:
+        err_console.print(f"note: {report.note}", soft_wrap=True, markup=False)
     if counts.tokens_missing:
         err_console.print(
             f"note: {counts.tokens_missing} groups have no token ids (no tokenizer, and the server returned none); "
@@ -143,8 +147,8 @@ def _summarise(stats: Any, paths: Any) -> None:
         )
     if stats.interrupted:
         raise fail("interrupted: finished groups are saved", hint="continue with --resume", code=130)
-    if counts.groups == 0 and counts.failed_groups:
-        raise fail(f"every group failed; see {paths.failures}", hint="check the server and the env")
+    if report.error:
+        raise fail(report.error, hint="check the server and the env")
 
 
 def register(app: typer.Typer) -> None:

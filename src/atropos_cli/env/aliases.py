@@ -3,7 +3,8 @@ compatibility layer `atropos_cli.compat.atroposlib` (same module objects, so cla
 
 The rule: the alias is a finder placed first on `sys.meta_path`, so it wins over a real atroposlib installed
 in the same environment; it is installed by `env.registry` before an env file runs and stays for the life of
-the process (env code may import atroposlib lazily, inside methods). A module already imported as
+the process (env code may import atroposlib lazily, inside methods). `wandb`, when it is not installed, maps to
+a no-op stand-in (`STAND_INS`) the same way. A module already imported as
 `atroposlib...` before the alias was installed (only possible in a process that imported the real package
 itself) is left alone: `python env.py` after the documented `sed` never imports the name at all.
 
@@ -16,12 +17,16 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import logging
 import sys
-from types import ModuleType
+from pathlib import Path
+from types import FrameType, ModuleType
 
-__all__ = ["ALIASES", "install_aliases", "AliasFinder"]
+__all__ = ["ALIASES", "STAND_INS", "install_aliases", "AliasFinder"]
 
 ALIASES = {"atroposlib": "atropos_cli.compat.atroposlib"}
+# names mapped only while the real package cannot be found (env files import them; we can stand in)
+STAND_INS = {"wandb": "atropos_cli.compat.wandb_standin"}
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -41,6 +46,10 @@ class AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: object = None, target: object = None
     ) -> importlib.machinery.ModuleSpec | None:
+        stand_in = STAND_INS.get(fullname)
+        if stand_in is not None and importlib.machinery.PathFinder.find_spec(fullname) is None and _from_env_code():
+            _notice_once(fullname)
+            return importlib.machinery.ModuleSpec(fullname, _AliasLoader(stand_in))
         for alias, real in ALIASES.items():
             if fullname == alias or fullname.startswith(alias + "."):
                 real_name = real + fullname[len(alias) :]
@@ -49,6 +58,28 @@ class AliasFinder(importlib.abc.MetaPathFinder):
                 is_package = hasattr(importlib.import_module(real_name), "__path__")
                 return importlib.machinery.ModuleSpec(fullname, _AliasLoader(real_name), is_package=is_package)
         return None
+
+
+_NOTICED: set[str] = set()
+_OWN_CODE = str(Path(__file__).resolve().parents[1])
+
+
+def _from_env_code() -> bool:
+    """Whether the import being resolved is written in user code (an env file), not in an installed library
+    probing for an optional package (transformers asks `find_spec("wandb")`: it must keep seeing none)."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None and ("importlib" in frame.f_code.co_filename or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    where = frame.f_code.co_filename if frame is not None else ""
+    return not (where.startswith(_OWN_CODE) or "site-packages" in where or "dist-packages" in where)
+
+
+def _notice_once(name: str) -> None:
+    if name not in _NOTICED:
+        _NOTICED.add(name)
+        logging.getLogger("atropos_cli.env").warning(
+            "%s is not installed: the env's calls to it do nothing (pip install %s to use it)", name, name
+        )
 
 
 def install_aliases() -> None:

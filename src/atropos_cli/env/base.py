@@ -37,6 +37,8 @@ __all__ = [
     "Item",
     "record_failure",
     "failure_sink",
+    "filter_sink",
+    "record_filtered",
     "env_error",
     "BaseEnvConfig",
     "APIServerConfig",
@@ -51,6 +53,15 @@ ScoredDataGroup = ScoredGroup
 failure_sink: contextvars.ContextVar[list[RolloutFailure] | None] = contextvars.ContextVar(
     "atropos_failure_sink", default=None
 )
+# the reasons the env (or a layer on it, such as atroposlib's handle_send_to_api) dropped groups of the current item
+filter_sink: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("atropos_filter_sink", default=None)
+
+
+def record_filtered(reason: str) -> None:
+    """Count one group of the current item as filtered by the env for `reason` (not a failure)."""
+    sink = filter_sink.get()
+    if sink is not None:
+        sink.append(reason)
 
 
 def record_failure(exc: BaseException, *, env: str | None, item_id: str | None, rollout_index: int | None) -> None:

@@ -121,12 +121,33 @@ def _pick_class(module: ModuleType, class_name: str | None, origin: str) -> type
 
 
 def _import_file(path: Path) -> ModuleType:
-    module_name = f"atropos_user_env_{abs(hash(str(path.resolve())))}"
+    """Run an env file as a module; one with relative imports (`from .x import y`) as a member of its folder's
+    package, the way `python -m folder.file` runs it."""
+    install_aliases()  # `import atroposlib...` in the file resolves to our compatibility layer
+    try:
+        return _exec_file(path, f"atropos_user_env_{abs(hash(str(path.resolve())))}")
+    except ImportError as exc:
+        if "no known parent package" not in str(exc):
+            raise _import_error(path, exc) from None
+    package_dir = path.resolve().parent
+    sys.path.insert(0, str(package_dir.parent))
+    try:  # the package first (its __init__ may import this very module), then the module in it
+        return importlib.import_module(f"{package_dir.name}.{path.stem}")
+    except ImportError as exc:
+        raise _import_error(path, exc) from None
+    except Exception as exc:  # any import-time failure of user code becomes one clear line
+        raise EnvLoadError(
+            f"importing {str(path)!r} failed: {type(exc).__name__}: {exc}", hint="fix the env file and run again"
+        ) from None
+    finally:
+        sys.path.remove(str(package_dir.parent))
+
+
+def _exec_file(path: Path, module_name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise EnvLoadError(f"cannot import {str(path)!r}", hint="env files must be Python (.py) files")
     module = importlib.util.module_from_spec(spec)
-    install_aliases()  # `import atroposlib...` in the file resolves to our compatibility layer
     sys.modules[module_name] = module
     sys.path.insert(0, str(path.parent))  # so an env file can import its siblings
     try:
@@ -136,9 +157,9 @@ def _import_file(path: Path) -> ModuleType:
         raise EnvLoadError(
             f"{path}:{exc.lineno}: syntax error: {exc.msg}", hint="fix the env file and run again"
         ) from None
-    except ImportError as exc:
+    except ImportError:
         del sys.modules[module_name]
-        raise _import_error(path, exc) from None
+        raise
     except Exception as exc:  # any import-time failure of user code becomes one clear line
         del sys.modules[module_name]
         raise EnvLoadError(
@@ -149,22 +170,54 @@ def _import_file(path: Path) -> ModuleType:
     return module
 
 
+# import names whose PyPI package is named differently (what `pip install` needs)
+PACKAGE_OF = {
+    "dotenv": "python-dotenv",
+    "sklearn": "scikit-learn",
+    "PIL": "pillow",
+    "yaml": "pyyaml",
+    "bs4": "beautifulsoup4",
+    "math_verify": "math-verify",
+    "latex2sympy2_extended": "latex2sympy2-extended",
+    "reasoning_gym": "reasoning-gym",
+    "pydantic_settings": "pydantic-settings",
+    "poke_env": "poke-env",
+    "eth_account": "eth-account",
+    "google": "google-genai",
+    "cv2": "opencv-python",
+}
+# what `atropos[atroposlib]` installs, by import name (the hint says so)
+IN_EXTRA = {
+    "openai", "datasets", "math_verify", "latex2sympy2_extended", "gymnasium", "nltk", "reasoning_gym", "dotenv",
+    "tqdm", "numpy", "yaml", "PIL", "requests", "tenacity", "scipy", "sklearn", "pandas", "langdetect", "httpx",
+    "regex", "toml", "xmltodict", "bs4", "pydantic_settings", "asteval",
+}  # fmt: skip
+
+
 def _import_error(path: Path, exc: ImportError) -> EnvLoadError:
-    """One line naming the env file, its line and the missing name (an atroposlib name gets its own hint)."""
+    """One line naming the env file, its line and the missing name: an atroposlib name we lack, or the package
+    to install for a missing third-party module."""
     line = next((f.lineno for f in reversed(traceback.extract_tb(exc.__traceback__)) if f.filename == str(path)), None)
     where = f"{path}:{line}" if line else str(path)
-    missing = getattr(exc, "name", None) or ""
+    compat = ALIASES["atroposlib"]
+    missing = (getattr(exc, "name", None) or "").replace(compat, "atroposlib")
     found = re.search(r"cannot import name '([^']+)' from '([^']+)'", str(exc))
+    module = found.group(2).replace(compat, "atroposlib") if found else missing
     if found:
-        name, module = found.groups()
-        module = module.replace(ALIASES["atroposlib"], "atroposlib")
-        message = f"{where}: {module} has no {name!r}"
-    else:
-        message = f"{where}: no module named {missing.replace(ALIASES['atroposlib'], 'atroposlib')!r}"
-    if "atroposlib" in message:
+        message = f"{where}: {module} has no {found.group(1)!r}"
+    elif missing:
+        message = f"{where}: no module named {missing!r}"
+    else:  # e.g. a relative import outside a package
+        message = f"{where}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
+    top = module.split(".")[0]
+    if top == "atroposlib":
         hint = "atropos implements atroposlib 0.4.0's env surface; this name is not part of it (see README: Porting)"
+    elif found or not top:
+        hint = "fix the import, or install the version of the package that provides this name"
     else:
-        hint = "install the package that provides it, or fix the import"
+        package = PACKAGE_OF.get(top, top.replace("_", "-"))
+        extra = ' (or pip install "atropos[atroposlib]", which has it)' if top in IN_EXTRA else ""
+        hint = f"pip install {package}{extra}"
     return EnvLoadError(message, hint=hint)
 
 

@@ -8,6 +8,7 @@ a 400 that names the parameter: `"content": 5`, `seed` outside int64, `n` over 5
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -81,18 +82,27 @@ class _Common(BaseModel):
     temperature: float = Field(1.0, ge=0.0, le=10.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
-    stop: str | list[str] | None = None
+    # vLLM takes token ids among the stop strings too (Atropos envs send `stop=[tokenizer.eos_token_id]`)
+    stop: str | list[str | int] | None = None
     seed: int | None = Field(None, ge=-INT64, lt=INT64)  # int64 like OpenAI's; torch takes seed + choice
     return_token_ids: bool = False
 
     @property
     def stop_list(self) -> list[str]:
-        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        """The stop strings (token ids in `stop` are in `stop_token_ids`)."""
+        return [self.stop] if isinstance(self.stop, str) else [s for s in self.stop or [] if isinstance(s, str)]
 
-    def sampling(self, max_tokens: int | None) -> SamplingParams:
+    @property
+    def stop_token_ids(self) -> list[int]:
+        return [s for s in self.stop or [] if isinstance(s, int)] if isinstance(self.stop, list) else []
+
+    def sampling(self, max_tokens: int | None, decode: Callable[[int], str] | None = None) -> SamplingParams:
+        """The backend's sampling arguments; a stop token id becomes its text through `decode` (the model's
+        tokenizer: a special token such as EOS decodes to its marker, and the model stops there anyway)."""
+        stops = self.stop_list + [decode(t) for t in self.stop_token_ids if decode is not None]
         return SamplingParams(
             n=self.n, temperature=self.temperature, top_p=self.top_p, max_tokens=max_tokens,
-            stop=self.stop_list or None, seed=self.seed, logprobs=True,
+            stop=[s for s in stops if s] or None, seed=self.seed, logprobs=True,
         )  # fmt: skip
 
 

@@ -82,14 +82,17 @@ class LocalServed:
         with self.backend.batcher.arriving():
             yield
 
+    def _decode_one(self, token_id: int) -> str:
+        return str(self.backend.tokenizer.decode([token_id]))
+
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
         messages = [m.for_template() for m in req.messages]
         top = (req.top_logprobs or 0) if req.logprobs else 0
-        generation = await self.backend.chat(messages, req.sampling(req.budget), top_logprobs=top)
+        generation = await self.backend.chat(messages, req.sampling(req.budget, self._decode_one), top_logprobs=top)
         return _chat_response(self.backend, req, generation)
 
     async def complete(self, req: CompletionRequest) -> dict[str, Any]:
-        params, top = req.sampling(req.max_tokens), req.logprobs or 0
+        params, top = req.sampling(req.max_tokens, self._decode_one), req.logprobs or 0
         prompts = prompt_list(req.prompt)
         gens = await asyncio.gather(*(self.backend.complete(p, params, top_logprobs=top) for p in prompts))
         return _completion_response(self.backend, req, list(gens))

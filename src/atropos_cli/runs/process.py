@@ -42,6 +42,8 @@ __all__ = [
     "scan_for_resume",
     "run_process",
     "default_out_dir",
+    "ProcessReport",
+    "process_report",
 ]
 
 
@@ -264,3 +266,29 @@ def finish_outputs(paths: RunPaths) -> None:
     token_only = any(s.group.messages is None and s.group.tokens for s in groups)
     decode = run_decoder(paths.config) if token_only else None
     render_html(groups, paths.html, title=f"atropos run: {paths.root}", failures=failures, decode=decode)
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """What a finished `process` run tells the user (`atropos process` and `python env.py process` alike):
+    the summary line, an optional note, and the error when every group errored (exit non-zero)."""
+
+    summary: str
+    note: str | None
+    error: str | None
+
+
+def process_report(stats: ProcessStats, paths: RunPaths) -> ProcessReport:
+    """Filtered groups are the env's choice (Atropos' `None`), not failures: a run whose every group was
+    filtered says so and succeeds; only a run whose every group errored is an error."""
+    counts = stats.counts
+    kept = f"; {stats.resumed_groups} kept from before" if stats.resumed_groups else ""
+    summary = f"wrote {counts.summary()} to {paths.root} in {stats.elapsed:.1f}s{kept}"
+    note = None
+    if counts.groups == 0 and counts.filtered_groups:
+        reasons = ", ".join(f"{reason} {n}" for reason, n in sorted(counts.filtered.items()))
+        note = f"the env filtered every group it finished ({reasons}); see {paths.failures}"
+    error = None
+    if counts.groups == 0 and counts.failed_groups and not counts.filtered_groups:
+        error = f"every group failed; see {paths.failures}"
+    return ProcessReport(summary, note, error)

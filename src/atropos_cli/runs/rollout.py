@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from atropos_cli.env.base import BaseEnv, Item, failure_sink, record_failure
+from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
 from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
@@ -98,16 +98,22 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
     item_id = env.item_id(item)
     outcome = GroupOutcome(index=index, item_id=item_id)
     sink: list[RolloutFailure] = []
-    token = failure_sink.set(sink)
+    dropped: list[str] = []
+    token, drop_token = failure_sink.set(sink), filter_sink.set(dropped)
     started = time.perf_counter()
     # A run's item index seeds its requests (process, evaluate): the same --seed gives the same groups.
     seeding = seeded_requests(env.config.seed, f"{index}:{item_id}") if index is not None else nullcontext()
     try:
         with seeding:
             result, backlog = await env.collect_trajectories(item)
-        result = await env.postprocess_histories(result)
-        result = await env.after_group(result, item)
         outcome.backlog = list(backlog or [])
+        if result is None:
+            dropped.append("collect_trajectories returned None")
+        else:
+            result = await env.postprocess_histories(result)
+            if result is None:
+                dropped.append("postprocess_histories returned None")
+            result = await env.after_group(result, item)
         for raw in _as_groups(result):
             try:
                 group = _validate(raw)
@@ -120,8 +126,8 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
                 outcome.filtered.append(_failure("Filtered", reason, env, item_id, meta.group_id))
             else:
                 outcome.groups.append(group)
-        if not _as_groups(result) and not sink:
-            sink.append(_failure("EmptyGroup", "collect_trajectories returned no group", env, item_id, None))
+        if not _as_groups(result) and not sink and not dropped:
+            dropped.append("collect_trajectories returned no group")
     except ServerUnreachableError:
         raise
     except Exception as exc:  # the one place a group's failure is caught: it is recorded, not raised
@@ -131,7 +137,10 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
         # where the token cannot be reset; the sink then dies with that context anyway
         with suppress(ValueError):
             failure_sink.reset(token)
+            filter_sink.reset(drop_token)
         await env.cleanup()
+    if not sink:  # a group the env dropped (Atropos: a None, or handle_send_to_api's checks) is filtered
+        outcome.filtered += [_failure("Filtered", reason, env, item_id, None) for reason in dropped]
     for failure in [*sink, *outcome.filtered]:
         failure.index = index
         if failure.group_id is None and outcome.groups:

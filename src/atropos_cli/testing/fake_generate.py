@@ -36,7 +36,7 @@ class GenerateRequest(BaseModel):
     prompt: _PromptIds | str
     n: int = 1
     max_tokens: int | None = 16
-    stop: str | list[str] | None = None
+    stop: str | list[str | int] | None = None  # vLLM takes token ids among the stop strings
     logprobs: int | None = None
     prompt_logprobs: int | None = None
 
@@ -65,8 +65,13 @@ def generate_body(server: Any, req: GenerateRequest, cut: Cut, logprob: Logprob)
     prompt = tokenizer.decode(ids_in, skip_special_tokens=False)
     texts, finishes, token_ids = [], [], []
     for _ in range(1 if server.ignore_n else max(1, req.n)):
-        text, finish = cut(server.answer(prompt), None, req.stop)
+        stop_ids = [s for s in req.stop if isinstance(s, int)] if isinstance(req.stop, list) else []
+        stop_text = [s for s in req.stop if isinstance(s, str)] if isinstance(req.stop, list) else req.stop
+        text, finish = cut(server.answer(prompt), None, stop_text)
         ids = list(tokenizer.encode(text, add_special_tokens=False))
+        hit = next((i for i, t in enumerate(ids) if t in stop_ids), None)
+        if hit is not None:
+            ids, finish = ids[:hit], "stop"
         if req.max_tokens is not None and len(ids) > req.max_tokens:
             ids, finish = ids[: req.max_tokens], "length"
         texts.append(tokenizer.decode(ids))

@@ -89,9 +89,9 @@ class _Answerer:
         return str(answer)
 
 
-def _cut(text: str, max_tokens: int | None, stop: str | list[str] | None) -> tuple[str, str]:
-    """Apply stop strings, then the token budget; return (text, finish_reason)."""
-    for s in [stop] if isinstance(stop, str) else stop or []:
+def _cut(text: str, max_tokens: int | None, stop: str | list[str | int] | None) -> tuple[str, str]:
+    """Apply stop strings (a token id is its byte here), then the token budget; return (text, finish_reason)."""
+    for s in [stop] if isinstance(stop, str) else [chr(t) if isinstance(t, int) else t for t in stop or []]:
         if s and s in text:
             return text[: text.index(s)], "stop"
     data = text.encode("utf-8")

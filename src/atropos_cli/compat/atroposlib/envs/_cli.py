@@ -143,10 +143,32 @@ def run_cli(cls: type[Any], argv: list[str] | None = None) -> None:
         runner = (
             _process(cls, loaded) if mode == "process" else _evaluate(loaded) if mode == "evaluate" else _serve(loaded)
         )
-        asyncio.run(runner)
+        result = asyncio.run(runner)
     except AtroposError as exc:
         raise SystemExit(f"error: {exc.message}" + (f"\nhint: {exc.hint}" if exc.hint else "")) from None
     except KeyboardInterrupt:
         raise SystemExit(130) from None
     finally:
         reset_manager_flags(token)
+    _report(mode, loaded, result)
+
+
+def _report(mode: str, loaded: Any, result: Any) -> None:
+    """The outcome, as `atropos process|serve` prints it: the summary line, the note when the env filtered
+    every group, and an error exit when every group errored."""
+    if mode == "process":
+        from atropos_cli.runs.process import RunPaths, process_report
+
+        report = process_report(result, RunPaths.for_jsonl(Path(loaded.env_config.data_path_to_save_groups)))
+        print(report.summary, flush=True)
+        if report.note:
+            print(f"note: {report.note}", file=sys.stderr, flush=True)
+        if result.interrupted:
+            raise SystemExit("interrupted: finished groups are saved")
+        if report.error:
+            raise SystemExit(f"error: {report.error}\nhint: check the server and the env")
+    elif mode == "serve":
+        counts = result.counts
+        print(f"sent {counts.summary()} to {loaded.env_config.rollout_server_url}", flush=True)
+        if counts.groups == 0 and counts.failed_groups and not counts.filtered_groups:
+            raise SystemExit("error: every group failed\nhint: check the server and the env")

@@ -17,15 +17,16 @@ __all__ = ["check_group", "post_groups"]
 DEFAULTED = ("ref_logprobs", "overrides", "group_overrides", "distill_token_ids", "distill_logprobs")
 
 
-def check_group(env: Any, group: dict, abort_on_any_max_length_exceeded: bool) -> bool:
-    """atroposlib's checks, in its order; fills its defaults and, with include_messages, the messages."""
+def check_group(env: Any, group: dict, abort_on_any_max_length_exceeded: bool) -> str | None:
+    """atroposlib's checks, in its order: why the group is skipped, or None when it passes (its defaults and,
+    with include_messages, its messages are then filled in)."""
     expected = (group.get("group_overrides") or {}).get("group_size", env.config.group_size)
     if None in group or len(group.get("tokens", [])) != expected:
         logger.warning("group skipped: %d sequences, expected %d", len(group.get("tokens", [])), expected)
-        return False
+        return f"group has {len(group.get('tokens', []))} rollouts, expected {expected}"
     if env.config.ensure_scores_are_not_same and len(set(group["scores"])) == 1:
         logger.warning("group skipped: every score is the same")
-        return False
+        return "identical scores"
     for key in DEFAULTED:
         group.setdefault(key, None)
     for mask in group["masks"]:
@@ -33,10 +34,10 @@ def check_group(env: Any, group: dict, abort_on_any_max_length_exceeded: bool) -
     too_long = env.max_token_len > 0 and any(len(t) >= env.max_token_len for t in group["tokens"])
     if too_long and abort_on_any_max_length_exceeded:
         logger.warning("group skipped: a sequence reaches max_token_len %d", env.max_token_len)
-        return False
+        return "too long"
     if env.config.include_messages and group.get("messages") is None and env.tokenizer is not None:
         group["messages"] = [[{"role": "user", "content": env.tokenizer.decode(t)}] for t in group["tokens"]]
-    return True
+    return None
 
 
 async def post_groups(env: Any, payload: Any) -> None:

@@ -33,6 +33,7 @@ from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
 from atropos_cli.compat.atroposlib.type_definitions import Item
 from atropos_cli.config import EnvConfig, ServerConfig
 from atropos_cli.env.base import BaseEnv as _OurBaseEnv
+from atropos_cli.env.base import record_filtered
 from atropos_cli.errors import ConfigError
 
 __all__ = [
@@ -190,9 +191,13 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
         was_list = isinstance(scored_data, list)
         valid = []
         for group in scored_data if was_list else [scored_data]:
-            if group is not None and check_group(self, group, abort_on_any_max_length_exceeded):
-                await self.add_rollouts_for_wandb(group, item)
-                valid.append(group)
+            skipped = "a None in the list of groups" if group is None else None
+            skipped = skipped or check_group(self, group, abort_on_any_max_length_exceeded)
+            if skipped:
+                record_filtered(skipped)
+                continue
+            await self.add_rollouts_for_wandb(group, item)
+            valid.append(group)
         sink = _accepted.get()
         if sink is not None:
             sink.extend(valid)

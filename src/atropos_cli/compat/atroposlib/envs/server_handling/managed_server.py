@@ -199,30 +199,48 @@ class ManagedServer:
 
 
 class DummyManagedServer(ManagedServer):
-    """For OpenAI endpoints (no token ids) when ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1: real text, placeholder
-    token ids and logprobs (zeros) that are not fit for training."""
+    """For OpenAI endpoints (no token ids) when ATROPOS_ALLOW_DUMMY_MANAGED_SERVER=1, as in atroposlib 0.4.0:
+    the server's own response, and per choice a node with fixed placeholders that are not fit for training
+    (tokens 0..127, the first masked -100, logprobs -0.5) and `full_text` as `role:content` turns joined by
+    blank lines."""
+
+    DUMMY_TOKENS = list(range(128))
+    DUMMY_MASKED_TOKENS = [-100, *DUMMY_TOKENS[1:]]
+    DUMMY_LOGPROBS = [-0.5] * 128
+
+    def _dummy_node(self, full_text: str, finish_reason: str | None) -> None:
+        node = SequenceNode(
+            full_text=full_text,
+            tokens=list(self.DUMMY_TOKENS),
+            masked_tokens=list(self.DUMMY_MASKED_TOKENS),
+            logprobs=list(self.DUMMY_LOGPROBS),
+            metadata={"finish_reason": finish_reason or "stop", "dummy_tokens": True},
+        )
+        if self.track_tree:
+            self.sequences[node.full_text] = node
+        else:
+            self.current_nodes.append(node)
 
     async def chat_completion(self, **kwargs: Any) -> Any:
-        kwargs.pop("tools", None)
-        kwargs.pop("tool_choice", None)
-        completion = await self.server.chat_completion(**kwargs)
-        prompt = self._render(kwargs.get("messages", []), None)
-        choices = []
-        for i, choice in enumerate(completion.choices):
-            text = choice.message.content or ""
-            self.current_nodes.append(
-                SequenceNode(
-                    full_text=prompt + text, tokens=[0], masked_tokens=[0], logprobs=[0.0], metadata={"dummy": True}
-                )
-            )
-            choices.append(
-                {
-                    "index": i,
-                    "finish_reason": choice.finish_reason or "stop",
-                    "message": {"role": "assistant", "content": text},
-                }
-            )
-        return _chat_completion(self.server.config.model_name, choices)
+        messages = list(kwargs.get("messages", []))
+        response = await self.server.chat_completion(**kwargs)
+        for choice in response.choices:
+            turns = [*messages, {"role": "assistant", "content": choice.message.content or ""}]
+            self._dummy_node("\n\n".join(f"{m['role']}:{m['content']}" for m in turns), choice.finish_reason)
+        return response
+
+    async def completion(self, **kwargs: Any) -> Any:
+        prompt = kwargs.get("prompt", "")
+        response = await self.server.completion(**kwargs)
+        for choice in response.choices:
+            self._dummy_node(f"{prompt}{choice.text or ''}", choice.finish_reason)
+        return response
+
+    async def get_logprobs(self, **kwargs: Any) -> dict[str, Any]:
+        raise NotImplementedError(
+            "DummyManagedServer does not support get_logprobs in strict mode. "
+            "Use a backend with real prompt logprob support."
+        )
 
 
 class ManagedServerAdapter:

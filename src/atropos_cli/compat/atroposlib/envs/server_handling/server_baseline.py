@@ -13,7 +13,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from atropos_cli.config import ServerConfig
 from atropos_cli.errors import InferenceError
@@ -43,6 +43,12 @@ class APIServerConfig(ServerConfig, ServerBaseline):
     model_config = ConfigDict(extra="ignore")
 
     timeout: int = 1200
+
+    @field_validator("api_key", "base_url", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: Any) -> Any:
+        """atroposlib's fields are Optional[str] (env files pass `api_key=None`: read from the environment)."""
+        return "" if value is None else value
 
 
 @dataclass

@@ -1,0 +1,87 @@
+"""Stand-in rows for the datasets Atropos' env files load by name (no hub here), and `install()`, which makes
+`datasets.load_dataset(NAME, ...)` return them. Runs in our venv and in atroposlib's (standard library and
+`datasets` only). A name with no stand-in keeps `datasets`' own behaviour (offline: its hub error).
+
+Each stand-in is small and written for these tests: a few items, each answerable right and wrong by
+`atropos_corpus_rule.answer`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+GSM8K = [
+    {"question": "Tom has 3 apples and buys 4 more. How many apples does he have?", "answer": "3 + 4 = 7\n#### 7"},
+    {"question": "A box holds 6 pens. How many pens are in 2 boxes?", "answer": "6 * 2 = 12\n#### 12"},
+    {"question": "Sara had 10 sweets and ate 4. How many are left?", "answer": "10 - 4 = 6\n#### 6"},
+    {"question": "There are 5 cats with 4 legs each. How many legs?", "answer": "5 * 4 = 20\n#### 20"},
+]
+MCQA = [
+    {
+        "prompt": f"Which option names the {topic}?\nA) alpha\nB) beta\nC) gamma\nD) delta",
+        "answer": index,
+        "ground_truth": "ABCD"[index],
+        "options": ["alpha", "beta", "gamma", "delta"],
+    }
+    for topic, index in (("first letter", 0), ("second letter", 1), ("third letter", 2), ("fourth letter", 3))
+]
+TOOL_ROWS = [
+    {
+        "conversations": [
+            {"from": "system", "value": "You may call tools. <tools>[]</tools>"},
+            {"from": "human", "value": "What is the weather in Paris?"},
+            {
+                "from": "gpt",
+                "value": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+            },
+        ]
+    }
+]
+
+CITIES = [f"City{i}" for i in range(104)]  # tool_calling_server.py holds 100 rows out for its test split
+XLAM = [
+    {
+        "conversations": [
+            {"from": "system", "value": '<tools>[{"name": "get_weather", "parameters": {"city": "string"}}]</tools>'},
+            {"from": "human", "value": f"What is the weather in {city} today?"},
+            {
+                "from": "gpt",
+                "value": "<tool_call>\n"
+                + json.dumps({"name": "get_weather", "arguments": {"city": city}})
+                + "\n</tool_call>",
+            },
+        ]
+    }
+    for city in CITIES
+]
+
+# (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
+STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
+    ("gsm8k", "main"): GSM8K,
+    ("openai/gsm8k", "main"): GSM8K,
+    ("NousResearch/AcademicMCQA", "default"): MCQA,
+    ("NousResearch/XLAM-Atropos", "default"): XLAM,
+    ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
+    ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
+}
+
+
+def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:
+    return STANDINS.get((path, name)) or STANDINS.get((path, None))
+
+
+def install() -> None:
+    """Patch `datasets.load_dataset` (and the name env files import from it) to serve the stand-ins."""
+    import datasets
+
+    original = datasets.load_dataset
+
+    def load_dataset(path: str, name: str | None = None, *args: Any, split: Any = None, **kwargs: Any) -> Any:
+        rows = rows_for(path, name)
+        if rows is None:
+            return original(path, name, *args, split=split, **kwargs)
+        data = datasets.Dataset.from_list(rows)
+        return data if split is not None else datasets.DatasetDict({"train": data, "test": data})
+
+    datasets.load_dataset = load_dataset
