@@ -204,3 +204,17 @@ def test_batcher_merges_concurrent_jobs_respects_the_size_cap_and_fans_out_error
     assert results == [j * 10 for j in range(7)]
     assert [len(b) for b in seen[:3]] == [3, 3, 1]  # 7 jobs of 2 rows under a cap of 6 rows
     assert all(isinstance(f, ValueError) for f in failed)
+
+
+def test_the_static_engine_is_kept_while_batches_fit_and_grows_once(backend):
+    """A new engine shape means new CUDA graphs and a new compile: batches that fit the kept engine's blocks reuse
+    it, and a longer one builds blocks that fit both (so alternating lengths do not rebuild every batch)."""
+    from atropos_cli.inference.sampler import RowRequest
+
+    state = backend._state
+    rows = lambda prompt, new: [RowRequest(prompt_ids=[1] * prompt, max_new_tokens=new) for _ in range(8)]  # noqa: E731
+    first = backend._engine(state, rows(100, 200))
+    assert backend._engine(state, rows(30, 100)) is first  # fits: kept
+    grown = backend._engine(state, rows(150, 40))  # a longer prompt: rebuilt, keeping room for the old rows
+    assert grown is not first and (grown.shape.prompt_len, grown.shape.gen_len) == (192, 256)
+    assert backend._engine(state, rows(100, 200)) is grown

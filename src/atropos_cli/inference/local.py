@@ -306,12 +306,20 @@ class LocalBackend:
 
     def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
         """The static engine for this batch (`engine_shape`: group width, group slots for the batch rounded up
-        to a power of two rows, at most `max_batch_size`, block lengths). One is kept: a new shape (or new
-        weights object) builds a new one, whose CUDA graphs are captured on first use."""
-        key = (id(state.model), engine_shape(rows, self._batcher.max_batch_size))
-        if self._static is None or self._static[0] != key:
-            self._static = None  # free the old cache and graphs before allocating the new ones
-            self._static = (key, StaticEngine(state.model, state.tokenizer, key[1]))
+        to a power of two rows, at most `max_batch_size`, block lengths). One is kept and reused while the
+        batch fits its blocks; otherwise a new one is built with blocks that also fit the old batches (they
+        only grow: every new shape means new CUDA graphs and a new compile of the step)."""
+        shape = engine_shape(rows, self._batcher.max_batch_size)
+        if self._static is not None:
+            (model_id, old), engine = self._static
+            same = model_id == id(state.model) and (old.width, old.groups) == (shape.width, shape.groups)
+            if same and old.prompt_len >= shape.prompt_len and old.gen_len >= shape.gen_len:
+                return engine
+            if same:
+                grown = (max(old.prompt_len, shape.prompt_len), max(old.gen_len, shape.gen_len))
+                shape = EngineShape(shape.width, shape.groups, *grown)
+        self._static = None  # free the old cache and graphs before allocating the new ones
+        self._static = ((id(state.model), shape), StaticEngine(state.model, state.tokenizer, shape))
         return self._static[1]
 
     # -- weights ---------------------------------------------------------------------------------------
