@@ -114,7 +114,7 @@ def test_serve_posts_the_adapters_groups_to_the_trajectory_api(case, tmp_path, t
     }  # fmt: skip
     httpx.post(api.url + "/register", json=registration).raise_for_status()
     httpx.get(api.url + "/batch").raise_for_status()  # the trainer has started: serve may send
-    cmd = [python_of(case), "-m", "atropos_cli", "serve", case.spec, "--api-url", api.url, "--max-groups", "2"]
+    cmd = [atropos_python(case), "-m", "atropos_cli", "serve", case.spec, "--api-url", api.url, "--max-groups", "2"]
     cmd += [*case.dotted, "--group-size", "2"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=run_env(case), timeout=300, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]

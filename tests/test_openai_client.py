@@ -198,7 +198,7 @@ def test_python_json_extensions_in_an_answer_parse(canned_server):
 
 
 def test_http_proxy_from_the_environment_is_used_and_no_proxy_respected(fake_server, monkeypatch):
-    srv = fake_server(rule="echo")
+    srv = fake_server(rule="echo", allowed_hosts=["inference.invalid"])  # a proxy keeps the Host it was asked for
     url = "http://inference.invalid:8000/v1"  # no such host: only the proxy can answer
     for name in ("NO_PROXY", "no_proxy", "http_proxy"):
         monkeypatch.delenv(name, raising=False)

@@ -63,7 +63,8 @@ def test_token_ids_outside_the_vocabulary_are_one_line_errors(tiny_model: Path, 
     data = _write(tmp_path / "r.jsonl", [_group(seed=9), group])
     result = _train(tiny_model, tmp_path / "run", "--data", str(data), "--steps", "1")
     assert result.exit_code == 2, result.output
-    assert f"r.jsonl: group 1, rollout 2: token id {bad_id} is outside the model's vocabulary (0.." in result.output
+    problem = "is negative" if bad_id < 0 else "is outside the trainer's vocabulary (0.."
+    assert f"r.jsonl: group 1, rollout 2: token id {bad_id} {problem}" in result.output
     assert "Traceback" not in result.output and "IndexError" not in result.output
     assert result.output.count("error:") == 1 and "hint: train the model whose tokenizer" in result.output
     assert not (tmp_path / "run" / "checkpoints").exists()  # refused before the first step

@@ -100,6 +100,10 @@ def test_a_packed_step_trains_like_a_padded_one():
     assert m_pack["padded_tokens"] < m_pad["padded_tokens"]  # no padding went through the model
     assert m_pack["loss"] == pytest.approx(m_pad["loss"], abs=1e-6)
     for name, weight in w_pad.items():
+        if name.endswith("k_proj.bias"):
+            # its gradient is exactly zero in math (a key bias shifts every score of a query alike): what is left
+            # is rounding noise, whose sign AdamW's first step turns into +-lr either way
+            continue
         assert torch.allclose(w_pack[name], weight, atol=1e-6), name
 
 

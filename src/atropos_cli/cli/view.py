@@ -148,7 +148,7 @@ class _ViewServer(GuardedHTTPServer):
         out: Path,
         title: str | None,
         allowed: list[str],
-        tokenizer: str | None,
+        tokenizer: str | None = None,
     ) -> None:
         super().__init__(address, _ViewHandler, hosts=HostPolicy(address[0], allowed))
         self.inputs, self.out, self.title, self.tokenizer = inputs, out, title, tokenizer

@@ -126,6 +126,7 @@ class FakeInferenceServer:
         tokenizer: str | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        allowed_hosts: list[str] | None = None,
     ) -> None:
         self.answer = _Answerer(rule, accuracy, seed)
         self.latency_s = latency_s
@@ -143,6 +144,7 @@ class FakeInferenceServer:
         self.version = 0
         self.host = host
         self.port = port
+        self.allowed_hosts = allowed_hosts or []  # `Host` names answered besides loopback (httpguard.HostPolicy)
         self._error_rng = random.Random(seed + 1)
         self._server: Any = None
         self.reset_stats()
@@ -343,7 +345,9 @@ def build_app(server: FakeInferenceServer) -> Any:
     """The app behind a FakeInferenceServer: `atropos inference`'s own app with the fake as its backend."""
     from atropos_cli.inference.server import ServerSettings, create_app
 
-    settings = ServerSettings(max_body_mb=server.max_body_mb, api_key=server.api_key, host=server.host)
+    settings = ServerSettings(
+        max_body_mb=server.max_body_mb, api_key=server.api_key, host=server.host, allowed_hosts=server.allowed_hosts
+    )
     app = create_app(server, settings)
     if server.tokenizer is not None:
         from atropos_cli.testing.fake_generate import add_generate_route
