@@ -56,6 +56,17 @@ XLAM = [
     for city in CITIES
 ]
 
+WILDCHAT = [  # rlaif_server.py: a conversation whose last (assistant) turn the env drops
+    {
+        "conversation": [
+            {"role": "user", "content": f"Say hi to {who}."},
+            {"role": "assistant", "content": f"Hi {who}!"},
+        ]
+    }
+    for who in ("Ann", "Bob", "Cy", "Di")
+]
+REVERSAL = [{"text": text} for text in ("hello world", "stand in", "abc def", "tiny model")]
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
@@ -64,6 +75,8 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("NousResearch/XLAM-Atropos", "default"): XLAM,
     ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
+    ("allenai/WildChat", None): WILDCHAT,
+    ("NousResearch/TextReversalDataset", None): REVERSAL,
 }
 
 

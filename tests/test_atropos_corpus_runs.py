@@ -35,7 +35,10 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "mcqa_thinking_env.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "tool_calling_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "rlaif_server.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "1024"], 2),
+    "text_reversal_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
 }
+SEED = 0  # `random` is seeded with it before each run on both sides (rlaif_server.py adds a system turn at random)
 NOT_RUN = (
     "the other kinds the issue names (multi-turn tool calling, gymnasium games, reasoning-gym, judges and "
     "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
@@ -61,6 +64,15 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = city[1] if k % 2 == 0 else "Atlantis"
         call = json.dumps({"name": "get_weather", "arguments": {"city": name}})
         return f"<think>The user wants the weather, so I call the tool.</think>\n<tool_call>\n{call}\n</tool_call>"
+    if "[Response A]" in prompt:  # rlaif_server.py's judge: it prefers the response that says "eldritch"
+        response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
+        return f"<think>I weigh both.</think>\n\\boxed{{{'A' if 'eldritch' in response_a else 'B'}}}"
+    if "Say hi to" in prompt:  # rlaif_server.py's rollouts: one on the judge's description, one off it
+        return "Hi, from the eldritch deep." if k % 2 == 0 else "Hi there!"
+    reverse = re.search(r"The text to reverse:\n(.*)", prompt)
+    if reverse:  # text_reversal_environment.py: one think block, then the reversal in <reversed_text> tags
+        text = reverse[1].strip()[::-1] if k % 2 == 0 else reverse[1].strip()
+        return f"<think>I read it backwards.</think>\n<reversed_text>{text}</reversed_text>"
     return f"I do not know this one, sorry ({k})."
 
 
@@ -113,6 +125,7 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
     out = tmp_path_factory.mktemp("reference")
     env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
+    env["ATROPOS_CORPUS_SEED"] = str(SEED)
     driver = Path(__file__).parent / "atropos_reference_driver.py"
     found = {}
     for i, file in enumerate(sorted(RUNS)):
@@ -147,6 +160,9 @@ def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, st
     out.mkdir(parents=True, exist_ok=True)
     (server,) = start_servers(tokenizer, 1)
     try:
+        import random
+
+        random.seed(SEED)
         args = ["process", str(root / "environments" / file), "--concurrency", "1"]
         result = CliRunner().invoke(app, [*args, *flags(file, server.base_url, tokenizer, out)])
     finally:
