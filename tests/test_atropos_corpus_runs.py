@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
-from atropos_conformance import ConformanceRule, comparable, read_groups
+from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
 from atropos_corpus_data import GSM8K, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
@@ -37,8 +37,17 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "tool_calling_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "rlaif_server.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "1024"], 2),
     "text_reversal_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "game_environments/gymnasium/blackjack/blackjack_env_no_thinking.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
+    "game_environments/gymnasium/blackjack/blackjack_env_thinking.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
 }
-SEED = 0  # `random` is seeded with it before each run on both sides (rlaif_server.py adds a system turn at random)
+SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
+# deals by a random seed: this one deals games that sticking wins)
 NOT_RUN = (
     "the other kinds the issue names (multi-turn tool calling, gymnasium games, reasoning-gym, judges and "
     "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
@@ -73,6 +82,10 @@ def corpus_answer(prompt: str, k: int) -> str:
     if reverse:  # text_reversal_environment.py: one think block, then the reversal in <reversed_text> tags
         text = reverse[1].strip()[::-1] if k % 2 == 0 else reverse[1].strip()
         return f"<think>I read it backwards.</think>\n<reversed_text>{text}</reversed_text>"
+    if "hand sum is" in prompt:  # blackjack: the take_action tool call (stick), or no call at all
+        call = json.dumps({"name": "take_action", "arguments": {"action": "stick"}})
+        thought = "I stick on this.\n</think>\n" if prompt.endswith("<think>\n") else ""  # completes its <think>
+        return f"{thought}<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else f"{thought}I will think about it."
     return f"I do not know this one, sorry ({k})."
 
 
@@ -162,6 +175,9 @@ def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, st
     try:
         import random
 
+        import rich.console  # noqa: F401 - rich draws from `random` when first imported: before the seed
+        import rich.progress  # noqa: F401
+
         random.seed(SEED)
         args = ["process", str(root / "environments" / file), "--concurrency", "1"]
         result = CliRunner().invoke(app, [*args, *flags(file, server.base_url, tokenizer, out)])
@@ -194,9 +210,20 @@ def test_env_file_groups_match_atroposlib(
     assert len(expected) == RUNS[file][1]
     code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
-    assert sorted(map(comparable, groups)) == sorted(map(comparable, expected))
+    assert sorted(map(comparable, groups)) == sorted(map(comparable, expected)), _difference(groups, expected)
     scores = {s for g in groups for s in g["scores"]}
     assert len(scores) > 1, f"{file}: the fake answered right and wrong, yet every score is {scores}"
+
+
+def _difference(ours: list[dict], theirs: list[dict]) -> str:
+    """Which compared fields differ between the two runs' groups (all rollouts of a field, sorted)."""
+    differ = []
+    for key in (*COMPARED, "group_overrides"):
+        mine = sorted(json.dumps(v) for g in ours for v in (g.get(key) or [None]))
+        other = sorted(json.dumps(v) for g in theirs for v in (g.get(key) or [None]))
+        if mine != other:
+            differ.append(f"{key}: ours {str(mine)[:300]} atroposlib {str(other)[:300]}")
+    return "\n".join(differ) or "the same fields, grouped differently"
 
 
 @pytest.mark.parametrize("file", sorted(RUNS))
