@@ -5,7 +5,7 @@ rows) and as `atropos process FILE` under ours, against fake inference servers t
 right and wrong (`corpus_answer`); the groups must be identical (tokens, masks, scores, advantages, logprobs,
 messages, overrides, group_overrides).
 
-RUNS lists the files run so far and the flags each needs. What is not run yet, and why, is in NOT_RUN.
+RUNS lists the files run so far and the flags each needs. Files tried and not run, and why, are in NOT_RUN.
 """
 
 from __future__ import annotations
@@ -48,12 +48,18 @@ RUNS: dict[str, tuple[list[str], int]] = {
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
-NOT_RUN = (
-    "the other kinds the issue names (multi-turn tool calling, gymnasium games, reasoning-gym, judges and "
-    "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
-    "gsm8k_server_teacher_distill.py) are not run yet: each needs its stand-in rows and format-aware answers "
-    "written; main's files cannot be fetched at test time (no network but PyPI)"
-)
+# tried and not run, one line each (why); the other kinds the issue names (multi-turn tool calling with a dataset,
+# letter counting, multimodal, an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
+NOT_RUN = {
+    "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
+    "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
+    "reasoning_gym_environment/reasoning_gym_environment.py": "the fake server cannot answer its generated tasks "
+    "right (a lookup of each task's first items by seed missed): under atroposlib every group is equal-scored and "
+    "dropped, ~1,700 groups (50 s) before two mixed ones; too slow and chancy for CI",
+    "math_server_zero.py": "under atroposlib (ATROPOS_ALLOW_DUMMY_MANAGED_SERVER) it dropped every group the fake "
+    "answered (' ...</think> <answer>\\\\boxed{N}</answer>', right and wrong): 18,000 requests in 20 s, none kept; "
+    "the cause is not found yet",
+}
 _GOLD = {row["question"]: row["answer"].split("#")[-1].strip() for row in GSM8K}
 _LETTER = {row["prompt"].split("\n")[0]: row["ground_truth"] for row in MCQA}
 
@@ -197,7 +203,8 @@ def standins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_runs_are_corpus_files(root: Path) -> None:
-    assert set(RUNS) <= set(corpus_files(root))
+    assert set(RUNS) | set(NOT_RUN) <= set(corpus_files(root))
+    assert not set(RUNS) & set(NOT_RUN)
 
 
 @pytest.mark.parametrize("file", sorted(RUNS))
