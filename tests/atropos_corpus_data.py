@@ -67,6 +67,21 @@ WILDCHAT = [  # rlaif_server.py: a conversation whose last (assistant) turn the 
 ]
 REVERSAL = [{"text": text} for text in ("hello world", "stand in", "abc def", "tiny model")]
 
+
+def clevr_rows() -> list[dict[str, Any]]:
+    """clevr_cogen_a_train.py's rows: a tiny image, a counting question, the count in <answer> tags."""
+    from PIL import Image
+
+    return [
+        {
+            "image": Image.new("RGB", (4, 4), (40 * n, 0, 0)),
+            "problem": f"Count the {n} cubes.",
+            "solution": f"<answer> {n} </answer>",
+        }
+        for n in (1, 2, 3, 4)
+    ]
+
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
@@ -80,8 +95,12 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
 }
 
 
+BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
+
+
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:
-    return STANDINS.get((path, name)) or STANDINS.get((path, None))
+    build = BUILT.get((path, name)) or BUILT.get((path, None))
+    return build() if build else STANDINS.get((path, name)) or STANDINS.get((path, None))
 
 
 def install() -> None:

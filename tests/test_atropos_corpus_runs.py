@@ -29,7 +29,8 @@ DISCOVERED_PORT = 9004  # where atroposlib looks for servers when config_init gi
 # these files use managed_server: against an OpenAI server that is ATROPOS_ALLOW_DUMMY_MANAGED_SERVER's placeholders
 # in both (atroposlib's DummyManagedServer, ours)
 VLLM = ["--openai.server_type", "openai"]
-# file -> (extra flags, groups each run writes)
+ITEMS = 2  # items each run takes (--env.total_steps)
+# file -> (extra flags, groups each run writes from its ITEMS items)
 RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
@@ -45,11 +46,13 @@ RUNS: dict[str, tuple[list[str], int]] = {
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
         2,
     ),
+    # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
+    "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
 # tried and not run, one line each (why); the other kinds the issue names (multi-turn tool calling with a dataset,
-# letter counting, multimodal, an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
+# letter counting, an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
@@ -92,6 +95,9 @@ def corpus_answer(prompt: str, k: int) -> str:
         call = json.dumps({"name": "take_action", "arguments": {"action": "stick"}})
         thought = "I stick on this.\n</think>\n" if prompt.endswith("<think>\n") else ""  # completes its <think>
         return f"{thought}<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else f"{thought}I will think about it."
+    cubes = re.search(r"Count the (\d) cubes", prompt)
+    if cubes:  # clevr_cogen_a_train.py (an image and a question): the count in \boxed{}
+        return f"There are \\boxed{{{int(cubes[1]) + k % 2}}} cubes."
     return f"I do not know this one, sorry ({k})."
 
 
@@ -101,9 +107,9 @@ def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like t
 
 
 def flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
-    extra, groups = RUNS[file]
+    extra = RUNS[file][0]
     common = ["--env.data_path_to_save_groups", str(out / "groups.jsonl"), "--env.use_wandb", "false"]
-    common += ["--env.tokenizer_name", str(tokenizer), "--env.total_steps", str(groups)]
+    common += ["--env.tokenizer_name", str(tokenizer), "--env.total_steps", str(ITEMS)]
     common += ["--openai.base_url", base_url, "--openai.api_key", "x", "--openai.model_name", "fake-model"]
     return [*common, "--openai.tokenizer_name", str(tokenizer), *extra]
 
@@ -219,6 +225,9 @@ def test_env_file_groups_match_atroposlib(
     assert code == 0, output
     assert sorted(map(comparable, groups)) == sorted(map(comparable, expected)), _difference(groups, expected)
     scores = {s for g in groups for s in g["scores"]}
+    if not expected:  # the env filters every group (postprocess_histories gives None): ours says so, exit 0
+        assert "filtered" in output, output
+        return
     assert len(scores) > 1, f"{file}: the fake answered right and wrong, yet every score is {scores}"
 
 
