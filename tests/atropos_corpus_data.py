@@ -91,6 +91,10 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
     ("allenai/WildChat", None): WILDCHAT,
+    ("NousResearch/Letter-Counting-Eval", None): [
+        {"Prompt": f"How many {c}s are in the string {w}?", "Answer": str(w.count(c)), "DifficultyLevel": 1}
+        for c, w in (("a", "banana"), ("p", "apple"))
+    ],
     ("NousResearch/TextReversalDataset", None): REVERSAL,
 }
 
@@ -103,9 +107,32 @@ def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:
     return build() if build else STANDINS.get((path, name)) or STANDINS.get((path, None))
 
 
+# letter_counting_environment.py: NLTK's `words` corpus (nltk.download needs the network), a stand-in word list
+WORDS = ["banana", "letter", "counting", "apple", "strawberry", "mississippi", "bookkeeper", "rhythm", "queue"]
+
+
+def _nltk_words() -> None:
+    """NLTK's `words` corpus as a stand-in word list under the corpus cache, put first on nltk's data path."""
+    import os
+
+    root = os.path.join(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"), "nltk_data")
+    folder = os.path.join(root, "corpora", "words")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "en"), "w") as f:
+        f.write("\n".join(WORDS) + "\n")
+    try:
+        import nltk
+    except ImportError:
+        return
+    if root not in nltk.data.path:
+        nltk.data.path.insert(0, root)
+
+
 def install() -> None:
     """Patch `datasets.load_dataset` (and the name env files import from it) to serve the stand-ins."""
     import datasets
+
+    _nltk_words()
 
     original = datasets.load_dataset
 

@@ -46,13 +46,17 @@ RUNS: dict[str, tuple[list[str], int]] = {
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
         2,
     ),
+    "letter_counting_environment/letter_counting_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
 # tried and not run, one line each (why); the other kinds the issue names (multi-turn tool calling with a dataset,
-# letter counting, an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
+# an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
@@ -98,6 +102,13 @@ def corpus_answer(prompt: str, k: int) -> str:
     cubes = re.search(r"Count the (\d) cubes", prompt)
     if cubes:  # clevr_cogen_a_train.py (an image and a question): the count in \boxed{}
         return f"There are \\boxed{{{int(cubes[1]) + k % 2}}} cubes."
+    one = re.search(r"How many (\w)s are in the string (.*)\?\n", prompt)
+    many = re.search(r"Count the occurrences of the letters (.*) in the string (.*)\n", prompt)
+    if one or many:  # letter_counting_environment.py: one think block, then the count(s) in <answer> tags
+        letters, text = (one[1], one[2]) if one else (re.findall(r"'(\w)'", many[1]), many[2])  # type: ignore[index]
+        counts = {c: text.lower().count(c) + k % 2 for c in letters}
+        answer = counts[letters] if one else json.dumps(counts)
+        return f"<think>I count each letter.</think>\n<answer>{answer}</answer>"
     return f"I do not know this one, sorry ({k})."
 
 

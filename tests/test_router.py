@@ -159,6 +159,8 @@ def test_env_style_kwargs(fake_server):
         _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, tempreature=0.5))
     (gen,) = _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, timeout=60, max_tokens=4))
     assert gen.choices[0].text == "What"  # timeout= (the OpenAI client's per-call seconds) is taken
+    _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, stop=["\n", 2], max_tokens=4))
+    assert srv.request_log[-1]["stop"] == ["\n", 2]  # a stop token id goes out as the env gave it (as to vLLM)
     with pytest.raises(InferenceError, match="split='test'"):
         _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, split="test"))
     with pytest.raises(InferenceError, match="n=0"):
