@@ -82,6 +82,17 @@ def clevr_rows() -> list[dict[str, Any]]:
     ]
 
 
+# fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
+FUNDAMENTALS = [
+    {
+        "context": f"Company {i}: the board signals the dividend is {answer} by {magnitude} percent.",
+        "answer": answer,
+        "magnitude": magnitude,
+        "fundamental_metric": "dividend",
+    }
+    for i, (answer, magnitude) in enumerate([("raised", "5"), ("reduced", "3"), ("maintained", "0")] * 7)
+][:20]
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
@@ -91,6 +102,7 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
     ("allenai/WildChat", None): WILDCHAT,
+    ("NousResearch/company-fundamentals-prediction-lite", "default"): FUNDAMENTALS,
     ("NousResearch/Letter-Counting-Eval", None): [
         {"Prompt": f"How many {c}s are in the string {w}?", "Answer": str(w.count(c)), "DifficultyLevel": 1}
         for c, w in (("a", "banana"), ("p", "apple"))

@@ -50,6 +50,7 @@ RUNS: dict[str, tuple[list[str], int]] = {
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
         2,
     ),
+    "fundamental_prediction_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
@@ -109,6 +110,13 @@ def corpus_answer(prompt: str, k: int) -> str:
         counts = {c: text.lower().count(c) + k % 2 for c in letters}
         answer = counts[letters] if one else json.dumps(counts)
         return f"<think>I count each letter.</think>\n<answer>{answer}</answer>"
+    outlook = re.search(r"signals the (\w+) is (\w+) by (\d+) percent", prompt)
+    if outlook:  # fundamental_prediction_environment.py: one think block, then its sentence (right, or the opposite)
+        metric, answer, magnitude = outlook.groups()
+        answer = answer if k % 2 == 0 else {"raised": "reduced"}.get(answer, "raised")
+        return (
+            f"<think>I read the board.</think>\nThe {metric} will be: {answer} and the magnitude will be: {magnitude}%"
+        )
     return f"I do not know this one, sorry ({k})."
 
 
