@@ -93,13 +93,43 @@ FUNDAMENTALS = [
     for i, (answer, magnitude) in enumerate([("raised", "5"), ("reduced", "3"), ("maintained", "0")] * 7)
 ][:20]
 
+
+def _turn(who: str, value: str) -> dict[str, str]:
+    return {"from": who, "value": value}
+
+
+def _call(name: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"city": "Paris"}}) + "\n</tool_call>"
+
+
+def _response(name: str, content: dict[str, Any]) -> str:
+    return "<tool_response>\n" + json.dumps({"name": name, "content": content}) + "\n</tool_response>"
+
+
+_TAXI_TOOLS = [{"name": n, "parameters": {"city": "string"}} for n in ("get_weather", "book_taxi")]
+# tool_use_multiturn_server.py: two sequential calls, each answered by its tool. It shuffles without a seed, so
+# every row is the same conversation: any order gives the same items on both sides.
+SEQUENTIAL = [
+    {
+        "conversations": [
+            _turn("system", f"You are a function calling AI model. <tools>{json.dumps(_TAXI_TOOLS)}</tools>"),
+            _turn("human", "Check the weather in Paris, then book me a taxi there."),
+            _turn("gpt", "<think>Weather first.</think>\n" + _call("get_weather")),
+            _turn("tool", _response("get_weather", {"temp_c": 20})),
+            _turn("gpt", "<think>Now the taxi.</think>\n" + _call("book_taxi")),
+            _turn("tool", _response("book_taxi", {"booked": True})),
+            _turn("gpt", "It is 20C in Paris and your taxi is booked."),
+        ]
+    }
+] * 40
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
     ("openai/gsm8k", "main"): GSM8K,
     ("NousResearch/AcademicMCQA", "default"): MCQA,
     ("NousResearch/XLAM-Atropos", "default"): XLAM,
-    ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
+    ("interstellarninja/toolace_hermes_sequential_tool_use", None): SEQUENTIAL,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
     ("allenai/WildChat", None): WILDCHAT,
     ("NousResearch/company-fundamentals-prediction-lite", "default"): FUNDAMENTALS,

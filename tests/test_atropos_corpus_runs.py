@@ -51,13 +51,18 @@ RUNS: dict[str, tuple[list[str], int]] = {
         2,
     ),
     "fundamental_prediction_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
+    # multi-turn tool calling: two sequential calls, each answered by its tool's response from the dataset
+    "tool_use_multiturn_server.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "4096", "--env.scenario_category", "multistep"],
+        2,
+    ),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
-# tried and not run, one line each (why); the other kinds the issue names (multi-turn tool calling with a dataset,
-# an env's `evaluate`, Atropos main's teacher distillation) are not tried yet
+# tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
+# single-turn code, an env's `evaluate`, Atropos main's teacher distillation.
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
@@ -117,6 +122,10 @@ def corpus_answer(prompt: str, k: int) -> str:
         return (
             f"<think>I read the board.</think>\nThe {metric} will be: {answer} and the magnitude will be: {magnitude}%"
         )
+    if "book me a taxi" in prompt:  # tool_use_multiturn_server.py: the weather, then (after its answer) the taxi
+        name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
+        call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
+        return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
     return f"I do not know this one, sorry ({k})."
 
 
@@ -191,7 +200,16 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
 
 
 def _json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    """The driver's result lines (env files print to stdout too, some of it JSON)."""
+    found = []
+    for line in done.stdout.splitlines():
+        try:
+            value = json.loads(line) if line.startswith('{"env_file"') else None
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "ok" in value:
+            found.append(value)
+    return found
 
 
 def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
