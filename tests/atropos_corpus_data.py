@@ -56,24 +56,125 @@ XLAM = [
     for city in CITIES
 ]
 
+WILDCHAT = [  # rlaif_server.py: a conversation whose last (assistant) turn the env drops
+    {
+        "conversation": [
+            {"role": "user", "content": f"Say hi to {who}."},
+            {"role": "assistant", "content": f"Hi {who}!"},
+        ]
+    }
+    for who in ("Ann", "Bob", "Cy", "Di")
+]
+REVERSAL = [{"text": text} for text in ("hello world", "stand in", "abc def", "tiny model")]
+
+
+def clevr_rows() -> list[dict[str, Any]]:
+    """clevr_cogen_a_train.py's rows: a tiny image, a counting question, the count in <answer> tags."""
+    from PIL import Image
+
+    return [
+        {
+            "image": Image.new("RGB", (4, 4), (40 * n, 0, 0)),
+            "problem": f"Count the {n} cubes.",
+            "solution": f"<answer> {n} </answer>",
+        }
+        for n in (1, 2, 3, 4)
+    ]
+
+
+# fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
+FUNDAMENTALS = [
+    {
+        "context": f"Company {i}: the board signals the dividend is {answer} by {magnitude} percent.",
+        "answer": answer,
+        "magnitude": magnitude,
+        "fundamental_metric": "dividend",
+    }
+    for i, (answer, magnitude) in enumerate([("raised", "5"), ("reduced", "3"), ("maintained", "0")] * 7)
+][:20]
+
+
+def _turn(who: str, value: str) -> dict[str, str]:
+    return {"from": who, "value": value}
+
+
+def _call(name: str) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": {"city": "Paris"}}) + "\n</tool_call>"
+
+
+def _response(name: str, content: dict[str, Any]) -> str:
+    return "<tool_response>\n" + json.dumps({"name": name, "content": content}) + "\n</tool_response>"
+
+
+_TAXI_TOOLS = [{"name": n, "parameters": {"city": "string"}} for n in ("get_weather", "book_taxi")]
+# tool_use_multiturn_server.py: two sequential calls, each answered by its tool. It shuffles without a seed, so
+# every row is the same conversation: any order gives the same items on both sides.
+SEQUENTIAL = [
+    {
+        "conversations": [
+            _turn("system", f"You are a function calling AI model. <tools>{json.dumps(_TAXI_TOOLS)}</tools>"),
+            _turn("human", "Check the weather in Paris, then book me a taxi there."),
+            _turn("gpt", "<think>Weather first.</think>\n" + _call("get_weather")),
+            _turn("tool", _response("get_weather", {"temp_c": 20})),
+            _turn("gpt", "<think>Now the taxi.</think>\n" + _call("book_taxi")),
+            _turn("tool", _response("book_taxi", {"booked": True})),
+            _turn("gpt", "It is 20C in Paris and your taxi is booked."),
+        ]
+    }
+] * 40
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
     ("openai/gsm8k", "main"): GSM8K,
     ("NousResearch/AcademicMCQA", "default"): MCQA,
     ("NousResearch/XLAM-Atropos", "default"): XLAM,
-    ("interstellarninja/toolace_hermes_sequential_tool_use", None): TOOL_ROWS,
+    ("interstellarninja/toolace_hermes_sequential_tool_use", None): SEQUENTIAL,
     ("interstellarninja/hermes_reasoning_tool_use", None): TOOL_ROWS,
+    ("allenai/WildChat", None): WILDCHAT,
+    ("NousResearch/company-fundamentals-prediction-lite", "default"): FUNDAMENTALS,
+    ("NousResearch/Letter-Counting-Eval", None): [
+        {"Prompt": f"How many {c}s are in the string {w}?", "Answer": str(w.count(c)), "DifficultyLevel": 1}
+        for c, w in (("a", "banana"), ("p", "apple"))
+    ],
+    ("NousResearch/TextReversalDataset", None): REVERSAL,
 }
 
 
+BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
+
+
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:
-    return STANDINS.get((path, name)) or STANDINS.get((path, None))
+    build = BUILT.get((path, name)) or BUILT.get((path, None))
+    return build() if build else STANDINS.get((path, name)) or STANDINS.get((path, None))
+
+
+# letter_counting_environment.py: NLTK's `words` corpus (nltk.download needs the network), a stand-in word list
+WORDS = ["banana", "letter", "counting", "apple", "strawberry", "mississippi", "bookkeeper", "rhythm", "queue"]
+
+
+def _nltk_words() -> None:
+    """NLTK's `words` corpus as a stand-in word list under the corpus cache, put first on nltk's data path."""
+    import os
+
+    root = os.path.join(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"), "nltk_data")
+    folder = os.path.join(root, "corpora", "words")
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "en"), "w") as f:
+        f.write("\n".join(WORDS) + "\n")
+    try:
+        import nltk
+    except ImportError:
+        return
+    if root not in nltk.data.path:
+        nltk.data.path.insert(0, root)
 
 
 def install() -> None:
     """Patch `datasets.load_dataset` (and the name env files import from it) to serve the stand-ins."""
     import datasets
+
+    _nltk_words()
 
     original = datasets.load_dataset
 

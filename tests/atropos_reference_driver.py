@@ -7,6 +7,7 @@ where JOBS.json is a list of {"env_file", "out", "argv"}; prints one JSON line p
 
 import json
 import os
+import random
 import runpy
 import sys
 import traceback
@@ -34,5 +35,7 @@ if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         jobs = json.load(f)
     for job in jobs:
+        if os.environ.get("ATROPOS_CORPUS_SEED"):  # files that draw from `random` draw the same in both runs
+            random.seed(int(os.environ["ATROPOS_CORPUS_SEED"]))
         error = run(job)
         print(json.dumps({"env_file": job["env_file"], "ok": error is None, "error": error}), flush=True)

@@ -5,7 +5,7 @@ rows) and as `atropos process FILE` under ours, against fake inference servers t
 right and wrong (`corpus_answer`); the groups must be identical (tokens, masks, scores, advantages, logprobs,
 messages, overrides, group_overrides).
 
-RUNS lists the files run so far and the flags each needs. What is not run yet, and why, is in NOT_RUN.
+RUNS lists the files run so far and the flags each needs. Files tried and not run, and why, are in NOT_RUN.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
-from atropos_conformance import ConformanceRule, comparable, read_groups
+from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
 from atropos_corpus_data import GSM8K, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
@@ -29,19 +29,50 @@ DISCOVERED_PORT = 9004  # where atroposlib looks for servers when config_init gi
 # these files use managed_server: against an OpenAI server that is ATROPOS_ALLOW_DUMMY_MANAGED_SERVER's placeholders
 # in both (atroposlib's DummyManagedServer, ours)
 VLLM = ["--openai.server_type", "openai"]
-# file -> (extra flags, groups each run writes)
+ITEMS = 2  # items each run takes (--env.total_steps)
+# file -> (extra flags, groups each run writes from its ITEMS items)
 RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "mcqa_thinking_env.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "tool_calling_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "rlaif_server.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "1024"], 2),
+    "text_reversal_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
+    "game_environments/gymnasium/blackjack/blackjack_env_no_thinking.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
+    "game_environments/gymnasium/blackjack/blackjack_env_thinking.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
+    "letter_counting_environment/letter_counting_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"],
+        2,
+    ),
+    "fundamental_prediction_environment.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
+    # multi-turn tool calling: two sequential calls, each answered by its tool's response from the dataset
+    "tool_use_multiturn_server.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "4096", "--env.scenario_category", "multistep"],
+        2,
+    ),
+    # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
+    "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
-NOT_RUN = (
-    "the other kinds the issue names (multi-turn tool calling, gymnasium games, reasoning-gym, judges and "
-    "RLAIF, letter counting, text transforms, multimodal, an env with evaluate, Atropos main's "
-    "gsm8k_server_teacher_distill.py) are not run yet: each needs its stand-in rows and format-aware answers "
-    "written; main's files cannot be fetched at test time (no network but PyPI)"
-)
+SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
+# deals by a random seed: this one deals games that sticking wins)
+# tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
+# single-turn code, an env's `evaluate`, Atropos main's teacher distillation.
+NOT_RUN = {
+    "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
+    "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
+    "reasoning_gym_environment/reasoning_gym_environment.py": "the fake server cannot answer its generated tasks "
+    "right (a lookup of each task's first items by seed missed): under atroposlib every group is equal-scored and "
+    "dropped, ~1,700 groups (50 s) before two mixed ones; too slow and chancy for CI",
+    "math_server_zero.py": "under atroposlib (ATROPOS_ALLOW_DUMMY_MANAGED_SERVER) it dropped every group the fake "
+    "answered (' ...</think> <answer>\\\\boxed{N}</answer>', right and wrong): 18,000 requests in 20 s, none kept; "
+    "the cause is not found yet",
+}
 _GOLD = {row["question"]: row["answer"].split("#")[-1].strip() for row in GSM8K}
 _LETTER = {row["prompt"].split("\n")[0]: row["ground_truth"] for row in MCQA}
 
@@ -61,6 +92,40 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = city[1] if k % 2 == 0 else "Atlantis"
         call = json.dumps({"name": "get_weather", "arguments": {"city": name}})
         return f"<think>The user wants the weather, so I call the tool.</think>\n<tool_call>\n{call}\n</tool_call>"
+    if "[Response A]" in prompt:  # rlaif_server.py's judge: it prefers the response that says "eldritch"
+        response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
+        return f"<think>I weigh both.</think>\n\\boxed{{{'A' if 'eldritch' in response_a else 'B'}}}"
+    if "Say hi to" in prompt:  # rlaif_server.py's rollouts: one on the judge's description, one off it
+        return "Hi, from the eldritch deep." if k % 2 == 0 else "Hi there!"
+    reverse = re.search(r"The text to reverse:\n(.*)", prompt)
+    if reverse:  # text_reversal_environment.py: one think block, then the reversal in <reversed_text> tags
+        text = reverse[1].strip()[::-1] if k % 2 == 0 else reverse[1].strip()
+        return f"<think>I read it backwards.</think>\n<reversed_text>{text}</reversed_text>"
+    if "hand sum is" in prompt:  # blackjack: the take_action tool call (stick), or no call at all
+        call = json.dumps({"name": "take_action", "arguments": {"action": "stick"}})
+        thought = "I stick on this.\n</think>\n" if prompt.endswith("<think>\n") else ""  # completes its <think>
+        return f"{thought}<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else f"{thought}I will think about it."
+    cubes = re.search(r"Count the (\d) cubes", prompt)
+    if cubes:  # clevr_cogen_a_train.py (an image and a question): the count in \boxed{}
+        return f"There are \\boxed{{{int(cubes[1]) + k % 2}}} cubes."
+    one = re.search(r"How many (\w)s are in the string (.*)\?\n", prompt)
+    many = re.search(r"Count the occurrences of the letters (.*) in the string (.*)\n", prompt)
+    if one or many:  # letter_counting_environment.py: one think block, then the count(s) in <answer> tags
+        letters, text = (one[1], one[2]) if one else (re.findall(r"'(\w)'", many[1]), many[2])  # type: ignore[index]
+        counts = {c: text.lower().count(c) + k % 2 for c in letters}
+        answer = counts[letters] if one else json.dumps(counts)
+        return f"<think>I count each letter.</think>\n<answer>{answer}</answer>"
+    outlook = re.search(r"signals the (\w+) is (\w+) by (\d+) percent", prompt)
+    if outlook:  # fundamental_prediction_environment.py: one think block, then its sentence (right, or the opposite)
+        metric, answer, magnitude = outlook.groups()
+        answer = answer if k % 2 == 0 else {"raised": "reduced"}.get(answer, "raised")
+        return (
+            f"<think>I read the board.</think>\nThe {metric} will be: {answer} and the magnitude will be: {magnitude}%"
+        )
+    if "book me a taxi" in prompt:  # tool_use_multiturn_server.py: the weather, then (after its answer) the taxi
+        name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
+        call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
+        return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
     return f"I do not know this one, sorry ({k})."
 
 
@@ -70,9 +135,9 @@ def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like t
 
 
 def flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
-    extra, groups = RUNS[file]
+    extra = RUNS[file][0]
     common = ["--env.data_path_to_save_groups", str(out / "groups.jsonl"), "--env.use_wandb", "false"]
-    common += ["--env.tokenizer_name", str(tokenizer), "--env.total_steps", str(groups)]
+    common += ["--env.tokenizer_name", str(tokenizer), "--env.total_steps", str(ITEMS)]
     common += ["--openai.base_url", base_url, "--openai.api_key", "x", "--openai.model_name", "fake-model"]
     return [*common, "--openai.tokenizer_name", str(tokenizer), *extra]
 
@@ -113,6 +178,7 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
     out = tmp_path_factory.mktemp("reference")
     env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
+    env["ATROPOS_CORPUS_SEED"] = str(SEED)
     driver = Path(__file__).parent / "atropos_reference_driver.py"
     found = {}
     for i, file in enumerate(sorted(RUNS)):
@@ -134,7 +200,16 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
 
 
 def _json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    """The driver's result lines (env files print to stdout too, some of it JSON)."""
+    found = []
+    for line in done.stdout.splitlines():
+        try:
+            value = json.loads(line) if line.startswith('{"env_file"') else None
+        except ValueError:
+            continue
+        if isinstance(value, dict) and "ok" in value:
+            found.append(value)
+    return found
 
 
 def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
@@ -147,6 +222,12 @@ def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, st
     out.mkdir(parents=True, exist_ok=True)
     (server,) = start_servers(tokenizer, 1)
     try:
+        import random
+
+        import rich.console  # noqa: F401 - rich draws from `random` when first imported: before the seed
+        import rich.progress  # noqa: F401
+
+        random.seed(SEED)
         args = ["process", str(root / "environments" / file), "--concurrency", "1"]
         result = CliRunner().invoke(app, [*args, *flags(file, server.base_url, tokenizer, out)])
     finally:
@@ -165,7 +246,8 @@ def standins(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_runs_are_corpus_files(root: Path) -> None:
-    assert set(RUNS) <= set(corpus_files(root))
+    assert set(RUNS) | set(NOT_RUN) <= set(corpus_files(root))
+    assert not set(RUNS) & set(NOT_RUN)
 
 
 @pytest.mark.parametrize("file", sorted(RUNS))
@@ -178,9 +260,23 @@ def test_env_file_groups_match_atroposlib(
     assert len(expected) == RUNS[file][1]
     code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
-    assert sorted(map(comparable, groups)) == sorted(map(comparable, expected))
+    assert sorted(map(comparable, groups)) == sorted(map(comparable, expected)), _difference(groups, expected)
     scores = {s for g in groups for s in g["scores"]}
+    if not expected:  # the env filters every group (postprocess_histories gives None): ours says so, exit 0
+        assert "filtered" in output, output
+        return
     assert len(scores) > 1, f"{file}: the fake answered right and wrong, yet every score is {scores}"
+
+
+def _difference(ours: list[dict], theirs: list[dict]) -> str:
+    """Which compared fields differ between the two runs' groups (all rollouts of a field, sorted)."""
+    differ = []
+    for key in (*COMPARED, "group_overrides"):
+        mine = sorted(json.dumps(v) for g in ours for v in (g.get(key) or [None]))
+        other = sorted(json.dumps(v) for g in theirs for v in (g.get(key) or [None]))
+        if mine != other:
+            differ.append(f"{key}: ours {str(mine)[:300]} atroposlib {str(other)[:300]}")
+    return "\n".join(differ) or "the same fields, grouped differently"
 
 
 @pytest.mark.parametrize("file", sorted(RUNS))

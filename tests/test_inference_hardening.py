@@ -107,6 +107,18 @@ def test_non_string_content_is_400(local):
     assert no_role.status_code == 400
 
 
+def test_an_image_to_the_text_model_is_a_400_never_dropped(local, fake_server):
+    """Image parts (vision envs send them): the local text model refuses them as vLLM does; the fake server,
+    which answers from the text, takes them."""
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    parts = [{"type": "text", "text": "How many?"}, image]
+    resp = httpx.post(f"{local}/v1/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": parts}]})
+    assert resp.status_code == 400 and "1 image part" in resp.json()["error"]["message"]
+    fake = fake_server(rule="echo").base_url
+    ok = httpx.post(f"{fake}/chat/completions", json={**CHAT, "messages": [{"role": "user", "content": parts}]})
+    assert ok.status_code == 200 and ok.json()["choices"][0]["message"]["content"].startswith("How")
+
+
 def test_a_checkpoint_that_does_not_load_is_a_400_naming_it(local, tmp_path):
     (tmp_path / "config.json").write_text("{}")  # looks like a checkpoint, is not one
     resp = httpx.post(f"{local}/reload_weights", json={"path": str(tmp_path)}, timeout=60)

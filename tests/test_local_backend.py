@@ -105,6 +105,15 @@ def test_stop_string_cuts_the_text(backend):
     assert any(c.finish_reason == "stop" and c.token_ids[-1] != backend.tokenizer.eos_token_id for c in gen.choices)
 
 
+def test_a_stop_token_id_stops_as_its_text_does(backend):
+    """`stop=[id]` (Atropos envs send the EOS id, as to vLLM): the id's text is the stop string."""
+    ids = backend.chat_prompt_ids(QUESTION)
+    one = backend.tokenizer.convert_tokens_to_ids("1")
+    by_id = run(backend.complete(ids, SamplingParams(n=8, max_tokens=16, seed=5, stop=[one])))
+    by_text = run(backend.complete(ids, SamplingParams(n=8, max_tokens=16, seed=5, stop=["1"])))
+    assert [c.text for c in by_id.choices] == [c.text for c in by_text.choices]
+
+
 def test_complete_accepts_token_ids_and_rejects_out_of_vocab(backend):
     ids = backend.chat_prompt_ids(QUESTION)
     gen = run(backend.complete(ids, SamplingParams(n=2, max_tokens=8, seed=0)))

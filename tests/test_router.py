@@ -157,6 +157,10 @@ def test_env_style_kwargs(fake_server):
     assert sent["top_k"] == 20 and sent["min_p"] == 0.1 and sent["stop"] == ["\n"] and sent["model"] == "fake-model"
     with pytest.raises(InferenceError, match="unexpected keyword argument 'tempreature'"):
         _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, tempreature=0.5))
+    (gen,) = _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, timeout=60, max_tokens=4))
+    assert gen.choices[0].text == "What"  # timeout= (the OpenAI client's per-call seconds) is taken
+    _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, stop=["\n", 2], max_tokens=4))
+    assert srv.request_log[-1]["stop"] == ["\n", 2]  # a stop token id goes out as the env gave it (as to vLLM)
     with pytest.raises(InferenceError, match="split='test'"):
         _run(_manager(srv.base_url), lambda m: m.chat_completion(messages=QUESTION, split="test"))
     with pytest.raises(InferenceError, match="n=0"):
@@ -187,3 +191,10 @@ def test_timeouts_are_retried_then_reported_with_a_hint(fake_server):
     with pytest.raises(InferenceError, match=r"did not answer within 0.1s \(2 attempts\)") as info:
         _run(_manager(srv.base_url, timeout=0.1, max_retries=1), *_chats(1))
     assert "--openai.timeout" in info.value.hint and srv.requests == 2
+
+
+def test_a_calls_own_timeout_bounds_it(fake_server):
+    """`timeout=` (seconds, as Atropos envs pass it to the OpenAI client) ends a call the server sits on."""
+    srv = fake_server(rule="echo", latency_s=30)
+    with pytest.raises(InferenceError, match=r"did not finish within its timeout=0.2s"):
+        _run(_manager(srv.base_url), lambda m: m.completion("Hi", timeout=0.2))

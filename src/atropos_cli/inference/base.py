@@ -42,7 +42,8 @@ class SamplingParams(BaseModel):
     temperature: float = Field(1.0, ge=0.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     max_tokens: int | None = Field(None, ge=1)
-    stop: list[str] | None = None
+    stop: list[str | int] | None = None
+    """Stop strings; an int is a stop token id (vLLM takes them among the strings; Atropos envs send EOS's)."""
     seed: int | None = None
     logprobs: bool = True
     extra_body: dict[str, Any] | None = None

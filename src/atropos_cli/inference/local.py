@@ -289,7 +289,7 @@ class LocalBackend:
                         max_new_tokens=max_new,
                         temperature=job.params.temperature,
                         top_p=job.params.top_p,
-                        stop=job.params.stop or [],
+                        stop=[s if isinstance(s, str) else self.tokenizer.decode([s]) for s in job.params.stop or []],
                         seed=base_seed + choice,
                         top_logprobs=job.top_logprobs,
                     )

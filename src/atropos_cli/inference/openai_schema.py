@@ -59,16 +59,27 @@ class TextPart(BaseModel):
     text: str
 
 
+class ImagePart(BaseModel):
+    """An image content part (`{"type": "image_url", "image_url": {"url": ...}}`), as vision envs send it."""
+
+    type: Literal["image_url"]
+    image_url: dict[str, Any]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_calls, tool_call_id, ... pass through to the template
 
     role: str
-    content: str | list[TextPart] | None = None
+    content: str | list[TextPart | ImagePart] | None = None
 
     def text(self) -> str:
+        """The message's text (its text parts joined; image parts carry none)."""
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return "".join(p.text for p in self.content if isinstance(p, TextPart))
         return self.content or ""
+
+    def images(self) -> int:
+        return sum(isinstance(p, ImagePart) for p in self.content) if isinstance(self.content, list) else 0
 
     def for_template(self) -> dict[str, Any]:
         return {**(self.model_extra or {}), "role": self.role, "content": self.text()}

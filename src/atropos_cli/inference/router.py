@@ -44,6 +44,19 @@ _PASSTHROUGH_KWARGS = frozenset(
 Call = Callable[[InferenceBackend, SamplingParams], Awaitable[Generation]]
 
 
+async def _within(work: Awaitable[Generation], timeout: float | None, method: str) -> Generation:
+    """`work`, bounded by a call's own `timeout=` (seconds) when it gives one."""
+    if timeout is None:
+        return await work
+    try:
+        return await asyncio.wait_for(work, timeout)
+    except asyncio.TimeoutError:
+        raise InferenceError(
+            f"{method}() did not finish within its timeout={timeout:g}s",
+            hint="raise the timeout the env passes, or send fewer requests at once (--concurrency)",
+        ) from None
+
+
 @dataclass
 class _Server:
     config: ServerConfig
@@ -156,9 +169,11 @@ class ServerManager:
         seed: int | None = None,
         logprobs: bool = True,
         split: str = "train",
+        timeout: float | None = None,
         **extra: Any,
     ) -> Generation:
-        """Sample `n` chat completions; `split="eval"` uses the eval slots. See `_params` for `extra`."""
+        """Sample `n` chat completions; `split="eval"` uses the eval slots. See `_params` for `extra`.
+        `timeout` (seconds, as the OpenAI client takes it) bounds the whole call, retries included."""
         sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         seed = seed if seed is not None else next_request_seed()  # reproducible inside collect_group
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
@@ -168,7 +183,7 @@ class ServerManager:
         async def call(backend: InferenceBackend, p: SamplingParams) -> Generation:
             return await backend.chat(messages, p)
 
-        return await self._generate(call, params, split)
+        return await _within(self._generate(call, params, split), timeout, "chat_completion")
 
     async def completion(
         self,
@@ -182,9 +197,10 @@ class ServerManager:
         seed: int | None = None,
         logprobs: bool = True,
         split: str = "train",
+        timeout: float | None = None,
         **extra: Any,
     ) -> Generation:
-        """Sample `n` completions of a text prompt or of a list of prompt token ids."""
+        """Sample `n` completions of a text prompt or of a list of prompt token ids (`timeout`: as chat's)."""
         sampling: dict[str, Any] = {"n": n, "temperature": temperature, "top_p": top_p, "max_tokens": max_tokens}
         seed = seed if seed is not None else next_request_seed()  # reproducible inside collect_group
         sampling.update(stop=stop, seed=seed, logprobs=logprobs)
@@ -193,7 +209,7 @@ class ServerManager:
         async def call(backend: InferenceBackend, p: SamplingParams) -> Generation:
             return await backend.complete(prompt, p)
 
-        return await self._generate(call, params, split)
+        return await _within(self._generate(call, params, split), timeout, "completion")
 
     def _params(self, method: str, split: str, sampling: dict[str, Any], extra: dict[str, Any]) -> SamplingParams:
         """Sampling kwargs -> SamplingParams. Extra kwargs: `model` is ignored (fixed per server),

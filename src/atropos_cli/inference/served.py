@@ -86,6 +86,10 @@ class LocalServed:
         return str(self.backend.tokenizer.decode([token_id]))
 
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
+        images = sum(m.images() for m in req.messages)
+        if images:  # as vLLM answers a text-only model: an error, never the images silently dropped
+            message = f"the served model reads text only; the request has {images} image part(s)"
+            raise HTTPError(400, message, "messages")
         messages = [m.for_template() for m in req.messages]
         top = (req.top_logprobs or 0) if req.logprobs else 0
         generation = await self.backend.chat(messages, req.sampling(req.budget, self._decode_one), top_logprobs=top)
