@@ -33,27 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-COUNT_ENV = '''
-from atropos_cli.env.base import SimpleEnv
-
-
-class CountEnv(SimpleEnv):
-    """Reward 1 for an even number of characters: long completions, a signal even a random model gets."""
-
-    name = "count"
-
-    def items(self, split):
-        i = 0
-        while True:
-            yield {"id": i, "q": str(i)}
-            i += 1
-
-    def prompt(self, item):
-        return "Count to " + item["q"]
-
-    def reward(self, completion, item):
-        return float(len(completion) % 2 == 0)
-'''
+COUNT_ENV = Path(__file__).resolve().parents[1] / "examples" / "count_env.py"  # long completions
 
 
 def model_dir(name: str, work: Path) -> tuple[str, float]:
@@ -166,11 +146,9 @@ def main() -> None:
     name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu (gloo)"
     lines = [f"# async vs synchronous loop: 2 ranks on {name}, torch {torch.__version__}", ""]
     work = Path(tempfile.mkdtemp(prefix="bench-async-"))
-    count_env = work / "count_env.py"
-    count_env.write_text(COUNT_ENV)
     envs = {
         "arithmetic": ("arithmetic", []),
-        "count": (str(count_env), ["--env.max_token_length", str(args.long_tokens)]),
+        "count": (str(COUNT_ENV), ["--env.max_token_length", str(args.long_tokens)]),
     }
     for model_name in args.models.split(","):
         model, lr = model_dir(model_name, work)

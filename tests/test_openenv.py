@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from functools import cache
 from pathlib import Path
@@ -86,6 +87,18 @@ def assert_faithful(group: dict[str, Any]) -> None:
         assert len(segments) == len(replies)
         for segment, reply in zip(segments, replies, strict=True):
             assert tok.decode(segment, skip_special_tokens=True).strip() == reply.strip()
+
+
+def wait_for_export(server: subprocess.Popen, port: int, timeout_s: float = 120) -> None:
+    """Poll `atropos export openenv`'s /health until it answers; fail if the process exits or time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert server.poll() is None and time.monotonic() < deadline, "export did not come up"
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.1)  # polling a starting process, bounded by the deadline
 
 
 def test_echo_env_from_its_package_trains_and_stops(tmp_path):
@@ -354,7 +367,6 @@ def test_an_atropos_env_file_exported_is_scored_by_its_own_rule(exported, tmp_pa
 def test_export_command_serves_until_interrupted_and_refuses_a_taken_port():
     import signal
     import socket
-    import time
 
     from atropos_cli.testing import free_port
 
@@ -362,14 +374,7 @@ def test_export_command_serves_until_interrupted_and_refuses_a_taken_port():
     cmd = [sys.executable, "-m", "atropos_cli", "export", "openenv", "arithmetic", "--port", str(port)]
     server = subprocess.Popen([*cmd, "--env.max_token_length", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, "export did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)  # polling a starting process, bounded by the deadline
+        wait_for_export(server, port)
         code = "import sys; from openenv.core.generic_client import GenericEnvClient\n"
         code += "with GenericEnvClient(base_url=sys.argv[1]).sync() as e: print(e.reset(seed=0).observation['prompt'])"
         done = subprocess.run([PYTHON, "-c", code, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
@@ -425,8 +430,6 @@ OTHER_FRAMEWORKS = {  # case id: (the client's play, its first prompt, the rewar
 def test_an_env_of_another_framework_exported_plays_through_openenvs_client(case_id):
     """`atropos export openenv gym:...|vf:...` (the adapter's env, in its framework's venv): openenv's own client
     plays an episode to the end and gets the framework's reward."""
-    import time
-
     from adapter_cases import CASES, atropos_python, run_env
     from atropos_cli.testing import free_port
 
@@ -441,14 +444,7 @@ def test_an_env_of_another_framework_exported_plays_through_openenvs_client(case
     cmd = [python, "-m", "atropos_cli", "export", "openenv", case.spec, "--port", str(port)]
     server = subprocess.Popen(cmd, env=run_env(case), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None and time.monotonic() < deadline, "export did not come up"
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)  # polling a starting process, bounded by the deadline
+        wait_for_export(server, port)
         done = subprocess.run([PYTHON, "-c", play, f"http://127.0.0.1:{port}"], capture_output=True, text=True)
     finally:
         server.terminate()

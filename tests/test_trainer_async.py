@@ -26,27 +26,7 @@ ATROPOS = [sys.executable, "-m", "atropos_cli"]
 ASYNC = ["--nproc-per-node", "2", "--inference-gpus", "1"]
 SMALL = ["--groups-per-step", "2", "--env.group_size", "4", "--save-every", "1", "--keep-checkpoints", "0"]
 # completions of up to 16 tokens: long enough for a weight push to land in the middle of one
-LONG_ENV = '''
-from atropos_cli.env.base import SimpleEnv
-
-
-class CountEnv(SimpleEnv):
-    """Reward 1 for an even number of characters: a signal even a random model gets, on long completions."""
-
-    name = "count"
-
-    def items(self, split):
-        i = 0
-        while True:
-            yield {"id": i, "q": str(i)}
-            i += 1
-
-    def prompt(self, item):
-        return "Count to " + item["q"]
-
-    def reward(self, completion, item):
-        return float(len(completion) % 2 == 0)
-'''
+LONG_ENV = Path(__file__).resolve().parents[1] / "examples" / "count_env.py"
 
 
 def _start(*args: str, **kwargs) -> subprocess.Popen:
@@ -109,13 +89,11 @@ def test_bounded_staleness_records_the_version_of_every_token(tmp_path: Path):
     sequence's tokens up to its first swap have exactly the logprobs of the checkpoint their version names."""
     from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path
 
-    env_file = tmp_path / "count_env.py"
-    env_file.write_text(LONG_ENV)
     runs = {s: tmp_path / f"s{s}" for s in (1, 2)}
     flags = ["--steps", "3", "--lr", "3e-2", "--save-rollouts", "--env.max_token_length", "16", *SMALL, *ASYNC]
     _finish(
         *(
-            _start("train", str(env_file), "--out", str(out), *flags, "--max-staleness", str(s))
+            _start("train", str(LONG_ENV), "--out", str(out), *flags, "--max-staleness", str(s))
             for s, out in runs.items()
         )
     )

@@ -10,8 +10,8 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   by one forward of the prompt, and one *generation block* per row ([groups x width, kv heads, gen_len, dim]).
   A group's n rows never copy or re-read each other's prompt: the prompt is prefilled once and its keys/values
   are read once a step for all n rows (`group_attention`: the group's n x (query heads per KV head) query rows
-  are one matrix product against the shared block; each row's own tokens are a second one; one softmax over
-  both, in fp32, so the result is exactly attention over prompt + row).
+  attend to the shared block as one batch; each row attends to its own tokens apart; the two partial results
+  are merged by their log-sum-exps, so the result is exactly attention over prompt + row).
 - **Continuous batching by group slot.** A finished group frees its slot; the next queued group is prefilled
   into it while the others keep decoding.
 - **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
@@ -78,13 +78,9 @@ def gen_bucket(entries: int) -> int:
 def engine_shape(rows: list[RowRequest], max_rows: int) -> EngineShape:
     """The shape for this batch: width = the largest group (at most `max_rows`), enough group slots for the batch
     rounded up to a power of two rows (at most `max_rows`; more groups queue), blocks rounded up (few shapes)."""
-    sizes: dict[tuple[int, ...], int] = {}
-    for r in rows:
-        key = tuple(r.prompt_ids)
-        sizes[key] = sizes.get(key, 0) + 1
-    width = 1 << (min(max(sizes.values()), max_rows) - 1).bit_length()
-    width = min(width, max_rows)
-    wanted = sum(-(-s // width) for s in sizes.values()) * width
+    sizes = [len(group) for group in group_rows(rows, len(rows))]  # whole groups, before chunking
+    width = min(1 << (min(max(sizes), max_rows) - 1).bit_length(), max_rows)
+    wanted = sum(-(-s // width) for s in sizes) * width
     slots = min(max_rows, 1 << max(3, (wanted - 1).bit_length()))
     groups = max(1, slots // width)
     prompt = _round_up(max(len(r.prompt_ids) for r in rows), PROMPT_MULTIPLE)
