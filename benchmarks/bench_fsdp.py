@@ -5,7 +5,9 @@ every step, groups of 8; the same batches as benchmarks/bench_trainer.py's mixed
 trains 256 sequences. Rows (each a fresh torchrun launch, all in one run on one machine):
 
 - `plain`: the one-process trainer (no torchrun, no FSDP; bf16 weights + fp32 master), the 1-GPU reference;
-- `fsdp N`: N ranks, FSDP2 (bf16 compute, fp32 sharded master weights and gradient reduction);
+- `SHAPE:N`: N ranks at the trainer's defaults (`--parallel auto`: small models replicate, the rest shard with
+  FSDP2); `:fsdp` or `:replicate` forces one (FSDP2: bf16 compute, fp32 sharded master weights; replicate: the
+  one-process trainer on every rank, gradients summed once a step, `trainer/replicate.py`);
 - larger shapes (Qwen2.5-1.5B/3B/7B, random weights) at 4 GPUs, full fine-tuning and LoRA r=16.
 
 Weak-scaling efficiency = (tokens/s per GPU at N) / (tokens/s of the `plain` 1-GPU row). MFU counts model
@@ -24,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -92,6 +95,7 @@ def worker(args) -> None:
         lora_r=args.lora_r,
         grad_sync=args.grad_sync,
         compile=False if args.no_compile else None,
+        parallel=args.parallel,
     )
     trainer = GRPOTrainer(config, model=model, dist=dist)
     seqs = args.seqs * world
@@ -114,13 +118,15 @@ def worker(args) -> None:
     sync()
     elapsed = time.perf_counter() - started
     timed = batches[args.warmup :]
-    if args.profile and rank == 0:  # one more step under the profiler: where the host time goes
+    if args.profile:  # one more step under the profiler on every rank (they meet in collectives): rank 0 prints
         from torch.profiler import ProfilerActivity, profile
 
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             trainer.step(timed[-1])
             sync()
+    if args.profile and rank == 0:
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25), flush=True)
+        print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25), flush=True)
     lengths = [len(t) for b in timed for g in b for t in g.tokens]
     tokens = sum(lengths)
     weighted = sum(n * n for n in lengths) / tokens
@@ -138,6 +144,7 @@ def worker(args) -> None:
             "warmup_s": first,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
+            "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k",
         }
         print("ROW " + json.dumps(row), flush=True)
     if dist is not None:
@@ -145,7 +152,7 @@ def worker(args) -> None:
 
 
 def run_row(spec: str, args) -> dict:
-    """One row: 'plain' or 'SHAPE:N[:lora16][:gc][:micro]' -> its measurements (or the failure)."""
+    """One row: 'plain' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate]' -> its measurements (or the failure)."""
     parts = spec.split(":")
     shape, n = ("0.5b" if not args.tiny else "tiny", 1) if parts[0] == "plain" else (parts[0], int(parts[1]))
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
@@ -165,6 +172,8 @@ def run_row(spec: str, args) -> dict:
             extra += ["--profile"]
         elif flag == "nocompile":
             extra += ["--no-compile"]
+        elif flag in ("fsdp", "replicate"):
+            extra += ["--parallel", flag]
     if args.no_compile:
         extra.append("--no-compile")
     script = [str(Path(__file__).resolve()), "--worker", *extra]
@@ -181,8 +190,13 @@ def run_row(spec: str, args) -> dict:
     for line in result.stdout.splitlines():
         if line.startswith("ROW "):
             return {"spec": spec, **json.loads(line[4:])}
-    tail = (result.stderr or result.stdout).strip().splitlines()[-3:]
-    return {"spec": spec, "error": " / ".join(tail)[-300:]}
+    text = (result.stderr or "") + (result.stdout or "")
+    # the first exception line a rank printed (torchrun's own summary comes last and says nothing)
+    cause = next(
+        (ln.strip() for ln in text.splitlines() if re.match(r"\s*(\[rank\d+\]:?\s*)?\w+(Error|Exception)\b", ln)), ""
+    )
+    tail = text.strip().splitlines()[-3:]
+    return {"spec": spec, "error": (cause or " / ".join(tail))[-300:]}
 
 
 def main() -> None:
@@ -204,6 +218,7 @@ def main() -> None:
     parser.add_argument("--grad-sync", default="step")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
+    parser.add_argument("--parallel", default="auto", help="worker: the trainer's --parallel (auto, fsdp, replicate)")
     parser.add_argument("--knobs", default="", help="worker: r (layers never reshard after forward)")
     parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
     parser.add_argument("--row-timeout", type=float, default=480)
@@ -220,8 +235,9 @@ def main() -> None:
         f"{args.seqs} sequences per GPU per step, lengths uniform in {args.min_len}-{args.seq_len}, groups of 8; "
         f"{args.steps} timed steps after {args.warmup} warm-up steps; random weights",
         "",
-        "| row | GPUs | params (B) | tokens/s per GPU | weak-scaling eff. | MFU | peak GiB/GPU | s/step | warm-up s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| row | GPUs | how (parallel, micro-batch) | params (B) | tokens/s per GPU | weak-scaling eff. | MFU "
+        "| peak GiB/GPU | s/step | warm-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     base = None
@@ -235,7 +251,8 @@ def main() -> None:
             same_shape = spec.split(":")[0] == plain_shape and ":lora" not in spec
             eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base and same_shape else ""
             line = (
-                f"| {spec} | {r['world']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} | {eff} "
+                f"| {spec} | {r['world']} | {r['how']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} "
+                f"| {eff} "
                 f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} |"
             )
         lines.append(line)

@@ -69,6 +69,40 @@ def test_groups_are_split_whole_and_balanced_by_tokens():
     assert sorted(i for r in assign_groups(list(range(9)), 4) for i in r) == list(range(9))
 
 
+def test_small_models_replicate_on_cuda_and_large_ones_shard():
+    from atropos_cli.trainer.replicate import choose
+
+    gb = 2**30
+    h100 = 80 * gb
+    assert choose("auto", "cuda:0", 2, 494_000_000, 494_000_000, h100) == "replicate"  # 0.5B: 9 GB a rank
+    assert choose("auto", "cuda:0", 2, 1_540_000_000, 1_540_000_000, h100) == "replicate"  # 1.5B: 28 GB
+    assert choose("auto", "cuda:0", 4, 3_090_000_000, 3_090_000_000, h100) == "fsdp"  # 3B: 56 GB would not fit
+    assert choose("auto", "cuda:0", 4, 7_660_000_000, 40_000_000, h100) == "replicate"  # 7B LoRA: 16 GB
+    assert choose("auto", "cpu", 2, 1000, 1000, None) == "fsdp"  # CPU runs (and their checkpoints) stay sharded
+    assert choose("auto", "cuda:0", 1, 1000, 1000, h100) == "fsdp"  # one rank resuming a sharded checkpoint
+    assert choose("replicate", "cpu", 2, 1000, 1000, None) == "replicate"
+
+
+def test_default_micro_batches_fit_beside_the_training_state():
+    from transformers import Qwen2Config
+
+    from atropos_cli.trainer.config import activation_bytes_per_token, default_micro_batch_tokens
+    from atropos_cli.trainer.replicate import state_bytes
+
+    h100 = 80 * 2**30
+
+    def default(layers: int, hidden: int, params: int, parallel: str, world: int) -> int:
+        per_token = activation_bytes_per_token(Qwen2Config(num_hidden_layers=layers, hidden_size=hidden), False)
+        held = state_bytes(params, params, parallel, world)  # type: ignore[arg-type]
+        return default_micro_batch_tokens("cuda:0", parallel == "fsdp", h100, held, per_token)
+
+    assert default(24, 896, 494_000_000, "replicate", 1) == 16384  # 0.5B, one GPU: as measured best
+    assert default(24, 896, 494_000_000, "fsdp", 4) == 32768  # FSDP pays per micro-batch: fewer, larger ones
+    assert default(28, 1536, 1_540_000_000, "replicate", 2) == 16384  # 1.5B: ~28 GB state + ~34 GB activations
+    assert default(36, 2048, 3_090_000_000, "fsdp", 2) == 8192  # 3B on 2 x 80 GB: 32k and 16k would not fit
+    assert default_micro_batch_tokens("cpu", False, None, 0, 1) == 8192
+
+
 def test_two_ranks_train_like_one_process(rollouts: Path, tmp_path: Path):
     one, two = tmp_path / "one", tmp_path / "two"
     _train(one, rollouts)
@@ -115,6 +149,47 @@ def test_every_training_option_trains_sharded_like_one_process(rollouts: Path, t
         assert _metrics(two)[0]["grad_norm"] == pytest.approx(_metrics(one)[0]["grad_norm"], rel=TOL), flags
         assert _max_diff(_weights(one, 1), _weights(two, 1)) < TOL, flags
     assert (tmp_path / "two--lora-r" / "checkpoints" / "step-1" / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_replicated_ranks_train_like_one_process_and_resume(rollouts: Path, tmp_path: Path):
+    """--parallel replicate (the CUDA default for small models): whole model on each rank, gradients summed once a
+    step; its checkpoints are one-process ones, resumed on 2 ranks or on one."""
+    one, two, same, fewer = (tmp_path / name for name in ("one", "two", "same", "fewer"))
+    _train(one, rollouts)
+    result = _train(two, rollouts, "--nproc-per-node", "2", "--parallel", "replicate")
+    assert result.stdout.count("trained 2 steps") == 1
+    for a, b in zip(_metrics(one), _metrics(two), strict=True):
+        assert a["sequences"] == b["sequences"] and a["trained_tokens"] == b["trained_tokens"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=TOL)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=TOL)
+    assert _max_diff(_weights(one, 2), _weights(two, 2)) < TOL
+    assert not (two / "checkpoints" / "step-2" / "sharded").exists()  # rank 0 wrote it whole
+    assert (two / "checkpoints" / "step-2" / "optimizer.pt").is_file()
+    for out in (same, fewer):
+        _train(out, rollouts, "--nproc-per-node", "2", "--parallel", "replicate", steps=1)
+    _train(same, rollouts, "--nproc-per-node", "2", "--parallel", "replicate", "--resume", steps=2)
+    _train(fewer, rollouts, "--resume", steps=2)
+    assert _max_diff(_weights(two, 2), _weights(same, 2)) < TOL
+    assert _max_diff(_weights(two, 2), _weights(fewer, 2)) < TOL
+
+
+def test_replicated_lora_and_kl_train_like_one_process(rollouts: Path, tmp_path: Path):
+    for flags in (["--lora-r", "4"], ["--kl-beta", "0.1"]):
+        one, two = tmp_path / f"one{flags[0]}", tmp_path / f"two{flags[0]}"
+        _train(one, rollouts, *flags, steps=1)
+        _train(two, rollouts, *flags, "--nproc-per-node", "2", "--parallel", "replicate", steps=1)
+        assert _metrics(two)[0]["grad_norm"] == pytest.approx(_metrics(one)[0]["grad_norm"], rel=TOL), flags
+        assert _max_diff(_weights(one, 1), _weights(two, 1)) < TOL, flags
+
+
+def test_a_sharded_checkpoint_is_not_resumed_replicated(rollouts: Path, tmp_path: Path):
+    out = tmp_path / "run"
+    _train(out, rollouts, "--nproc-per-node", "2", steps=1)  # auto on a CPU: FSDP
+    args = ["train", "--data", str(rollouts), "--out", str(out), "--steps", "2", "--groups-per-step", "3"]
+    result = _run(*args, "--lr", "1e-3", "--nproc-per-node", "2", "--parallel", "replicate", "--resume")
+    assert result.returncode != 0
+    assert "is sharded (an FSDP run wrote it)" in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
 
 
 def test_behind_a_trajectory_api_rank_0_pulls_and_every_rank_trains(rollouts: Path, tmp_path: Path, trajectory_api):

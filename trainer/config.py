@@ -79,8 +79,8 @@ class GRPOConfig(BaseModel):
     steps: int = Field(500, ge=1)
     """Optimizer steps (with --sft, SFT's own default applies)."""
     micro_batch_tokens: int | None = Field(None, ge=16)
-    """Model tokens per micro-batch. Default (`default_micro_batch_tokens`): 8192 on CPU; on CUDA 16384, and 32768
-    with several ranks for models under 3B parameters (fewer micro-batches: the step is host-bound there)."""
+    """Model tokens per micro-batch. Default (`default_micro_batch_tokens`): 8192 on CPU; on CUDA the largest of
+    16384 (32768 under FSDP), 8192, 4096 whose activations fit beside the model's training state."""
     max_len: int = Field(2048, ge=2)
     """Longer rollouts are truncated (and counted); capped at the model's max positions."""
     save_every: int = Field(50, ge=0)
@@ -105,6 +105,10 @@ class GRPOConfig(BaseModel):
     --micro-batch-tokens tokens with varlen flash attention (one shape: compiled once); off on CPU."""
     activation_memory_budget: float | None = Field(None, gt=0, le=1)
     """With --compile: the fraction (0-1] of activations the backward keeps; the cheapest rest is recomputed."""
+    parallel: Literal["auto", "fsdp", "replicate"] = "auto"
+    """Many-GPU runs: shard the model over the ranks (FSDP2) or give every rank the whole model and sum the
+    gradients once a step (replicate: no per-layer host work, 18 bytes a parameter on each GPU). Default: replicate
+    on CUDA when that fits in 40% of a GPU (up to ~1.7B parameters on 80 GB), else FSDP (replicate.choose)."""
     grad_sync: Literal["step", "micro-batch"] = "step"
     """Many-GPU runs: reduce-scatter gradients once per step (less communication; each rank holds one unsharded
     fp32 gradient, 4 bytes x parameters) or after every micro-batch (sharded gradients: what a 7B model needs)."""
@@ -247,11 +251,27 @@ class RunOptions(BaseModel):
             )
 
 
-def default_micro_batch_tokens(device: str, world: int, params: int) -> int:
-    """--micro-batch-tokens when not given. Measured (benchmarks/results/trainer_gpu.md, fsdp_gpu.md): on CUDA a
-    0.5B step is host-bound per micro-batch (launches, FSDP hooks), so larger micro-batches win: 8k -> 16k gave
-    +10-22% tokens/s on one H100/H200, and 16k -> 32k +10% per GPU at 4 ranks; 32k costs ~15 GiB more
-    activations, which a 7B model cannot spare."""
+def activation_bytes_per_token(model_config: Any, checkpointing: bool) -> int:
+    """GPU bytes a trained token's activations take, measured on H100/H200 with the compiled bf16 body (no
+    checkpointing): ~48 bytes per layer x hidden unit (0.5B: 1.0 MB, 1.5B: 2.1 MB, 3B: 3.5 MB a token;
+    benchmarks/results/fsdp_gpu.md). With gradient checkpointing each layer keeps only its bf16 input."""
+    layers = int(getattr(model_config, "num_hidden_layers", 24))
+    hidden = int(getattr(model_config, "hidden_size", 896))
+    return (2 * layers + 48) * hidden if checkpointing else 48 * layers * hidden
+
+
+def default_micro_batch_tokens(
+    device: str, sharded: bool, gpu_bytes: int | None, held_bytes: int, bytes_per_token: int
+) -> int:
+    """--micro-batch-tokens when not given: the largest of 32k (FSDP only), 16k, 8k, 4k tokens whose activations
+    fit beside the training state in 80% of the GPU. Measured (benchmarks/results/trainer_gpu.md, fsdp_gpu.md):
+    a 0.5B step is host-bound per micro-batch, so larger micro-batches win: 8k -> 16k gave +10-22% tokens/s on
+    one H100/H200; 16k -> 32k +10% per GPU under FSDP (whose hooks cost per micro-batch), nothing in one process.
+    Larger models get smaller micro-batches instead of running out of memory (3B on 2 x 80 GB: 8k). CPU: 8k."""
     if not device.startswith("cuda"):
         return 8192
-    return 32768 if world > 1 and params < 3_000_000_000 else 16384
+    free = 0.8 * gpu_bytes - held_bytes if gpu_bytes is not None else float("inf")
+    for tokens in (32768, 16384, 8192) if sharded else (16384, 8192):
+        if tokens * bytes_per_token <= free:
+            return tokens
+    return 4096

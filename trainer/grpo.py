@@ -29,11 +29,11 @@ from typing import Any, Literal
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
-from . import fsdp, lora
+from . import fsdp, lora, replicate
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
-from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .config import GRPOConfig, default_micro_batch_tokens
+from .checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
+from .config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens
 from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
@@ -159,9 +159,19 @@ class GRPOTrainer:
                 self.model.enable_input_require_grads()
         self.model.train()
         self.pack = packing_mode(self.model, config.pack, self.device)
-        if config.micro_batch_tokens is None:  # resolved once, so config.yaml and checkpoints record the value
-            params = sum(p.numel() for p in self.model.parameters())
-            config.micro_batch_tokens = default_micro_batch_tokens(self.device, dist.world if dist else 1, params)
+        # --parallel and --micro-batch-tokens are resolved once, so config.yaml and checkpoints record the values
+        total = sum(p.numel() for p in self.model.parameters())
+        trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
+        gpu = torch.cuda.get_device_properties(self.device).total_memory if self.device.startswith("cuda") else None
+        world = dist.world if dist is not None else 1
+        if dist is not None:
+            config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
+        self.replicated = dist is not None and config.parallel == "replicate"
+        if config.micro_batch_tokens is None:
+            sharded = dist is not None and not self.replicated
+            held = replicate.state_bytes(total, trainable, "fsdp" if sharded else "replicate", world)
+            per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
+            config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens
         self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
         compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
@@ -183,10 +193,14 @@ class GRPOTrainer:
         self.policy: Any = functools.partial(self._logprobs, self.model)
         self.reference: Any = functools.partial(self._logprobs, self.ref_model) if self.ref_model is not None else None
         self.precision: Precision | fsdp.ShardedPrecision
-        if dist is not None:
+        if dist is not None and not self.replicated:
             self._shard(dist, dtype != "fp32")
         else:
+            if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
+                replicate.broadcast_weights(self.model, dist.group)
             self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
+            if dist is not None:
+                self.precision.reduce_grads = replicate.GradientSum(dist.group)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
@@ -245,10 +259,12 @@ class GRPOTrainer:
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
         batches = self._micro_batches(self._my_samples(prepared.samples))
-        # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers
-        count = self.dist.max_int(len(batches)) if self.dist is not None else len(batches)
+        # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers (replicas
+        # only meet once a step, in precision.step)
+        sharded = self.dist is not None and not self.replicated
+        count = self.dist.max_int(len(batches)) if sharded and self.dist is not None else len(batches)
         for i in range(count):
-            if self.dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
+            if sharded and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
             logp = self.policy(mb)
@@ -274,8 +290,8 @@ class GRPOTrainer:
                 loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
                 stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
                 stats.add("distill_tokens", covered.sum())
-            # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py)
-            (loss * self.dist.world if self.dist is not None else loss).backward()
+            # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py); replicas sum
+            (loss * self.dist.world if sharded and self.dist is not None else loss).backward()
             self.precision.after_backward()
             total_loss += loss.detach()
             stats.add("padded_tokens", mb.input_ids.numel())
@@ -329,6 +345,12 @@ class GRPOTrainer:
         """OUT/checkpoints/step-N (sharded: every rank must call it; sharded_checkpoint.py)."""
         state = {"config": self.config.model_dump(mode="json"), "batches_seen": self.batches_seen}
         keep = self.config.keep_checkpoints
+        if self.dist is not None and self.replicated:  # every rank holds the same state: rank 0 writes it whole
+            path = None
+            if self.dist.is_main:
+                path = save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
+            self.dist.barrier()
+            return path or out / CHECKPOINTS / f"step-{self.step_count}"
         if self.dist is not None:
             from .sharded_checkpoint import save_sharded
 
@@ -352,7 +374,16 @@ class GRPOTrainer:
         checkpoint = latest_checkpoint(out)
         if checkpoint is None:
             return None
-        if self.dist is not None:
+        if self.dist is not None and self.replicated:
+            from .sharded_checkpoint import is_sharded
+
+            if is_sharded(checkpoint):
+                raise ConfigError(
+                    f"{checkpoint} is sharded (an FSDP run wrote it): --parallel replicate resumes one-process "
+                    "and replicated checkpoints only",
+                    hint="drop --parallel replicate: --parallel auto resumes a sharded checkpoint sharded",
+                )
+        elif self.dist is not None:
             from .sharded_checkpoint import load_sharded
 
             meta = load_sharded(checkpoint, self, self.dist)

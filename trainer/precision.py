@@ -16,6 +16,7 @@ Where it sits: `GRPOTrainer` builds one `Precision` and calls `after_backward()`
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any, Literal
 
 __all__ = ["Precision", "DTYPES", "Dtype"]
@@ -56,6 +57,8 @@ class Precision:
             self.master = None
             optimized = self.params
         self.optimizer = torch.optim.AdamW(optimized, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
+        # a replicated many-rank run (replicate.py) sums the gradients over ranks here, before clipping
+        self.reduce_grads: Callable[[list[Any]], None] | None = None
 
     @property
     def compute_dtype(self) -> Any:
@@ -87,6 +90,11 @@ class Precision:
         import torch
 
         optimized = self.master if self.master is not None else self.params
+        if self.reduce_grads is not None:  # every rank the same list: a rank that trained nothing adds zeros
+            for p in optimized:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            self.reduce_grads([p.grad for p in optimized])
         grad_norm = torch.nn.utils.clip_grad_norm_(optimized, grad_clip)
         self.optimizer.step()
         if self.master is not None:

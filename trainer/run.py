@@ -48,6 +48,7 @@ _RESUMABLE = {
     "run.vllm_sync",
     "run.nproc_per_node",  # a sharded checkpoint reshards onto another world size
     "grpo.grad_sync",
+    "grpo.parallel",  # replicated checkpoints are one-process ones; a sharded one resumes sharded (_run)
     "run.dist_timeout",
     "run.save_rollouts",
     "run.max_staleness",
@@ -336,6 +337,11 @@ def _run(
     roles: Any = None,
 ) -> RunSummary:
     out = Path(config.out)
+    if dist is not None and opts.resume and config.parallel == "auto":
+        from .sharded_checkpoint import is_sharded
+
+        if is_sharded(latest_checkpoint(out)):  # an FSDP run wrote it: it resumes sharded, on any world size
+            config.parallel = "fsdp"
     trainer = GRPOTrainer(config, dist=dist)
     _cap_max_len(trainer, on_event)
     if trainer.is_lora:
