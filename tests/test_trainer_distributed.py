@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from atropos_cli.trainer.distributed import assign_groups  # noqa: E402
+from atropos_cli.trainer.scale.distributed import assign_groups  # noqa: E402
 
 ATROPOS = [sys.executable, "-m", "atropos_cli"]
 TOL = 2e-5  # fp32: the ranks sum their shares of the gradient in another order than one process does

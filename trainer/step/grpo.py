@@ -29,12 +29,13 @@ from typing import Any, Literal
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
-from . import fsdp, lora
+from ..checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
+from ..config import GRPOConfig, default_micro_batch_tokens
+from ..scale import fsdp
+from ..scale.distributed import Dist, assign_groups
+from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
-from .checkpoint import latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .config import GRPOConfig, default_micro_batch_tokens
-from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
@@ -330,7 +331,7 @@ class GRPOTrainer:
         state = {"config": self.config.model_dump(mode="json"), "batches_seen": self.batches_seen}
         keep = self.config.keep_checkpoints
         if self.dist is not None:
-            from .sharded_checkpoint import save_sharded
+            from ..scale.sharded_checkpoint import save_sharded
 
             return save_sharded(out, self.step_count, self, state, keep, self.dist)
         return save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
@@ -353,7 +354,7 @@ class GRPOTrainer:
         if checkpoint is None:
             return None
         if self.dist is not None:
-            from .sharded_checkpoint import load_sharded
+            from ..scale.sharded_checkpoint import load_sharded
 
             meta = load_sharded(checkpoint, self, self.dist)
             self.step_count, self.batches_seen = int(meta["step"]), int(meta.get("batches_seen", meta["step"]))
