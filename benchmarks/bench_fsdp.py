@@ -68,10 +68,10 @@ def worker(args) -> None:
     from bench_trainer import make_groups
     from transformers import AutoModelForCausalLM
 
-    import atropos_cli.trainer.fsdp as fsdp
+    import atropos_cli.trainer.scale.fsdp as fsdp
     from atropos_cli.trainer.config import GRPOConfig
-    from atropos_cli.trainer.distributed import init_from_env, world_from_env
-    from atropos_cli.trainer.grpo import GRPOTrainer
+    from atropos_cli.trainer.scale.distributed import init_from_env, world_from_env
+    from atropos_cli.trainer.step.grpo import GRPOTrainer
 
     knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights at any size
     fsdp.RESHARD_LAYERS = False if "r" in knobs else None

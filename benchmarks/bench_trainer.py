@@ -159,7 +159,7 @@ def time_steps(step, batches: list, warmup: int, device: str) -> dict:
 
 
 def bench_ours(args, cfg, state, batches, variant: dict):
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     _reset(args.device)
     torch._dynamo.reset()
@@ -177,18 +177,18 @@ def bench_ours(args, cfg, state, batches, variant: dict):
         lr=1e-6,
         max_len=args.seq_len + 1,
     )
-    import atropos_cli.trainer.attention as attention
-    import atropos_cli.trainer.grpo as grpo
+    import atropos_cli.trainer.step.attention as attention
+    import atropos_cli.trainer.step.grpo as grpo
 
     knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
     # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
-    import atropos_cli.trainer.precision as precision
+    import atropos_cli.trainer.step.precision as precision
 
     precision.BUCKET = 1 if "b" in knobs else 32  # b: one add per bf16 gradient (no buckets)
-    import atropos_cli.trainer.logprobs as logprobs
+    import atropos_cli.trainer.step.logprobs as logprobs
 
     logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
     trainer = GRPOTrainer(config, model=model)
@@ -292,9 +292,9 @@ def _flat_grad(model) -> torch.Tensor:
 
 def grad_errors(args, cfg, state, groups, mods):
     """Relative L2 error of each path's gradient vs an fp32 reference, on the first group (8 sequences)."""
-    from atropos_cli.trainer.batching import micro_batches, prepare
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
-    from atropos_cli.trainer.logprobs import naive_token_logprobs
+    from atropos_cli.trainer.step.batching import micro_batches, prepare
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.logprobs import naive_token_logprobs
 
     torch.backends.cuda.matmul.allow_tf32 = False
     _reset(args.device)
@@ -451,7 +451,7 @@ def main() -> None:
         lines.insert(2, f"Atropos example_trainer not importable: {type(exc).__name__}: {exc}")
     for lengths in args.lengths.split(","):
         run_rows(args, cfg, state, lengths, mods, lambda n: flops_per_token(probe, n), lines)
-    import atropos_cli.trainer.logprobs as lp
+    import atropos_cli.trainer.step.logprobs as lp
 
     lines.append(f"LM-head matmul: {'bf16 inputs, fp32 output (torch.mm out_dtype)' if lp.MIXED_MM else 'fp32'}")
     if not args.no_grad_check:

@@ -44,10 +44,10 @@ def _wrap(owner, name: str, label: str) -> None:
 
 
 def annotate(trainer) -> None:
-    import atropos_cli.trainer.batching as batching
-    import atropos_cli.trainer.grpo as grpo
-    import atropos_cli.trainer.losses as losses
-    import atropos_cli.trainer.precision as precision
+    import atropos_cli.trainer.step.batching as batching
+    import atropos_cli.trainer.step.grpo as grpo
+    import atropos_cli.trainer.step.losses as losses
+    import atropos_cli.trainer.step.precision as precision
 
     _wrap(grpo, "prepare", "prep: prepare samples")
     _wrap(grpo.GRPOTrainer, "_micro_batches", "prep: collate micro-batches")
@@ -141,7 +141,7 @@ def analyse(trace: dict, steps: int) -> str:
 def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", default="8192:0:a:auto:a")
@@ -177,7 +177,7 @@ def main() -> None:
         torch.cuda.synchronize() if device == "cuda" else None
         wall = time.perf_counter() - started
         print(f"step {wall * 1e3:.1f} ms, {real_tokens(b) / wall:,.0f} real tok/s, {metrics['real_tokens']} tokens")
-    from atropos_cli.trainer.batching import prepare
+    from atropos_cli.trainer.step.batching import prepare
 
     b = batches[0]
     started = time.perf_counter()

@@ -23,7 +23,7 @@ from bench_trainer import fresh_model, make_groups, parse_variant, qwen_config
 def profile_step(args, cfg, groups) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     v = parse_variant(args.variant)
     model = fresh_model(cfg, "cuda")
@@ -54,7 +54,7 @@ def profile_step(args, cfg, groups) -> None:
 
 
 def lm_head(args, cfg) -> None:
-    import atropos_cli.trainer.logprobs as lp
+    import atropos_cli.trainer.step.logprobs as lp
 
     n, h, v = args.head_tokens, cfg.hidden_size, cfg.vocab_size
     gen = torch.Generator(device="cuda").manual_seed(0)

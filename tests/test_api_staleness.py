@@ -108,8 +108,8 @@ def test_serve_pauses_at_the_api_staleness_bound(tmp_path: Path, monkeypatch: py
 def test_a_trainer_behind_the_api_reports_the_staleness_of_versioned_groups(tmp_path: Path, trajectory_api):
     """`atropos train --api-url`: batch 1 is trained at version 0, batch 2 at version 1; groups posted with
     version 0 are 0 then 1 step stale, and the step metrics say so."""
-    from atropos_cli.trainer.grpo import GRPOConfig
     from atropos_cli.trainer.run import RunOptions, run_training
+    from atropos_cli.trainer.step.grpo import GRPOConfig
     from tiny_models import save_tiny_arith_model
 
     model = save_tiny_arith_model(tmp_path / "m", op="+", seed=0)

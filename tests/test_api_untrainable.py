@@ -14,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from atropos_cli.api.app import create_app
 from atropos_cli.api.service import ApiSettings
-from atropos_cli.trainer.grpo import GRPOConfig
+from atropos_cli.trainer.data.sources import CheckedBatches
 from atropos_cli.trainer.run import RunOptions, run_training
-from atropos_cli.trainer.sources import CheckedBatches
+from atropos_cli.trainer.step.grpo import GRPOConfig
 from atropos_cli.types import ScoredGroup
 from tiny_models import save_tiny_arith_model
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from atropos_cli.trainer.losses import Normaliser, loss_config, policy_loss
+from atropos_cli.trainer.step.losses import Normaliser, loss_config, policy_loss
 
 # Two rollouts: the first trains 2 tokens (advantage +1), the second 1 token (advantage -1); column 2 of the
 # second row is padding.
@@ -163,7 +163,7 @@ def test_distill_loss_value_and_gradient_on_hand_computed_tensors() -> None:
     loss = sum(m * k * s) / N with N = 5 trained tokens
          = (1.0*-1.0 + 0 + -1.0*-2.0 + 1.0*-0.2 + -0.5*-1.5) / 5 = (-1 + 2 - 0.2 + 0.75) / 5 = 0.31
     d loss / d s = m * k / N (k is held constant): (0.2, 0, -0.2; 0.2, -0.1, 0)."""
-    from atropos_cli.trainer.losses import Normaliser, distill_loss
+    from atropos_cli.trainer.step.losses import Normaliser, distill_loss
 
     student = torch.tensor([[-1.0, -0.5, -2.0], [-0.2, -1.5, -0.7]], requires_grad=True)
     teacher = torch.tensor([[-2.0, -0.5, -1.0], [-1.2, -1.0, 0.0]])
@@ -176,7 +176,7 @@ def test_distill_loss_value_and_gradient_on_hand_computed_tensors() -> None:
 
 
 def test_teacher_logprobs_of_the_sampled_tokens() -> None:
-    from atropos_cli.trainer.batching import teacher_logprobs
+    from atropos_cli.trainer.step.batching import teacher_logprobs
 
     tokens = [5, 7, 9, 4]
     top_ids = [[], [7, 8], [1, 2], [4, 9]]  # position 0 has none (vLLM's prompt_logprobs start at None)

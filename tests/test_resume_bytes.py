@@ -71,7 +71,7 @@ def test_a_non_utf8_saved_config_is_one_error_line(tmp_path: Path, fake_server) 
 def test_trainer_state_and_metrics_with_a_stray_byte(tmp_path: Path) -> None:
     from atropos_cli.errors import ConfigError
     from atropos_cli.trainer.checkpoint import read_trainer_state
-    from atropos_cli.trainer.metrics import read_metrics
+    from atropos_cli.trainer.step.metrics import read_metrics
 
     step = tmp_path / "checkpoints" / "step-3"
     step.mkdir(parents=True)

@@ -265,7 +265,7 @@ uvicorn.run(app, host=known.host, port=known.port, log_level="warning")
 def test_the_vllm_server_we_launch_loads_the_guard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
-    from atropos_cli.trainer.vllm import VLLMServer
+    from atropos_cli.trainer.weights.vllm import VLLMServer
 
     module = tmp_path / "fakevllm" / "vllm" / "entrypoints" / "openai" / "api_server.py"
     module.parent.mkdir(parents=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from atropos_cli.trainer.attention import ATTENTION_NAME, _register
+from atropos_cli.trainer.step.attention import ATTENTION_NAME, _register
 from tiny_models import tiny_causal_lm
 
 
@@ -64,7 +64,7 @@ def test_under_compile_tracing_unpadded_rows_keep_the_causal_flash_path():
 
 
 def test_compile_body_compiles_the_whole_body_on_atropos_sdpa_and_layers_otherwise():
-    from atropos_cli.trainer.attention import compile_body
+    from atropos_cli.trainer.step.attention import compile_body
 
     model = tiny_causal_lm("qwen", 89)  # sdpa: switched to atropos_sdpa, the body compiled whole
     compile_body(model, model.model)

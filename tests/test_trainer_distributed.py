@@ -21,7 +21,7 @@ import pytest
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
-from atropos_cli.trainer.distributed import assign_groups  # noqa: E402
+from atropos_cli.trainer.scale.distributed import assign_groups  # noqa: E402
 
 ATROPOS = [sys.executable, "-m", "atropos_cli"]
 TOL = 2e-5  # fp32: the ranks sum their shares of the gradient in another order than one process does
@@ -70,7 +70,7 @@ def test_groups_are_split_whole_and_balanced_by_tokens():
 
 
 def test_small_models_replicate_on_cuda_and_large_ones_shard():
-    from atropos_cli.trainer.replicate import choose
+    from atropos_cli.trainer.scale.replicate import choose
 
     gb = 2**30
     h100 = 80 * gb
@@ -87,7 +87,7 @@ def test_default_micro_batches_fit_beside_the_training_state():
     from transformers import Qwen2Config
 
     from atropos_cli.trainer.config import activation_bytes_per_token, default_micro_batch_tokens
-    from atropos_cli.trainer.replicate import state_bytes
+    from atropos_cli.trainer.scale.replicate import state_bytes
 
     h100 = 80 * 2**30
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from atropos_cli.errors import ConfigError
-from atropos_cli.trainer.grpo import GRPOConfig
+from atropos_cli.trainer.data.sources import ApiWaitTimeout
 from atropos_cli.trainer.run import RunOptions, run_training
-from atropos_cli.trainer.sources import ApiWaitTimeout
+from atropos_cli.trainer.step.grpo import GRPOConfig
 from atropos_cli.types import ScoredGroup
 from tiny_models import save_tiny_arith_model
 

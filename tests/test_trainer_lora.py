@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from atropos_cli.cli.app import app
 from atropos_cli.errors import ConfigError
 from atropos_cli.resources import DEFAULT_MODEL, resolve_model_path
-from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, _body_and_head
-from atropos_cli.trainer.lora import merged_state_dict, unwrap
-from atropos_cli.trainer.sync import LocalSync
+from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer, _body_and_head
+from atropos_cli.trainer.weights.lora import merged_state_dict, unwrap
+from atropos_cli.trainer.weights.sync import LocalSync
 from atropos_cli.types import ScoredGroup
 
 runner = CliRunner()

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atropos_cli.trainer.batching import group_advantages, micro_batches, prepare
-from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
-from atropos_cli.trainer.logprobs import flat_token_logprobs, naive_token_logprobs
+from atropos_cli.trainer.step.batching import group_advantages, micro_batches, prepare
+from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+from atropos_cli.trainer.step.logprobs import flat_token_logprobs, naive_token_logprobs
 from atropos_cli.types import ScoredGroup
 from tiny_models import tiny_causal_lm
 
@@ -149,7 +149,7 @@ def test_micro_batches_respect_the_token_budget():
 
 def test_fused_and_eager_chunk_gradients_agree():
     """The CUDA path compiles `_chunk_dlogits_fused`; it must compute what the eager in-place version does."""
-    from atropos_cli.trainer.logprobs import _chunk_dlogits, _chunk_dlogits_fused
+    from atropos_cli.trainer.step.logprobs import _chunk_dlogits, _chunk_dlogits_fused
 
     torch.manual_seed(1)
     logits, targets = torch.randn(6, VOCAB) * 3, torch.randint(0, VOCAB, (6,))
@@ -163,7 +163,7 @@ def test_fused_and_eager_chunk_gradients_agree():
 
 
 def test_dtype_auto_is_fp32_on_cpu_and_bf16_pure_on_cuda():
-    from atropos_cli.trainer.grpo import resolve_dtype
+    from atropos_cli.trainer.step.grpo import resolve_dtype
 
     assert GRPOConfig().dtype == "auto"
     assert resolve_dtype("auto", "cpu") == "fp32" and resolve_dtype("auto", "cuda:1") == "bf16-pure"
@@ -175,7 +175,7 @@ def test_dtype_auto_is_fp32_on_cpu_and_bf16_pure_on_cuda():
 def test_bf16_pure_bucketed_gradient_moves_equal_one_add_per_gradient(monkeypatch):
     """The bf16 gradients reach the fp32 accumulators in buckets (precision.BUCKET); over several micro-batches
     with a bucket that splits the parameters unevenly, every accumulator equals the one-add-each result."""
-    import atropos_cli.trainer.precision as precision
+    import atropos_cli.trainer.step.precision as precision
 
     batch = [group([1.0, 0.0, 1.0, 0.0]), group([0.0, 1.0, 0.0, 0.0], seed=1)]
     grads = []
@@ -196,7 +196,7 @@ def test_bf16_pure_bucketed_gradient_moves_equal_one_add_per_gradient(monkeypatc
 def test_lm_head_chunks_never_end_in_a_single_row():
     """A 1-row chunk makes torch recompile the dynamic chunk kernels (size 1 is specialised): it joins the one
     before it; the chunks still cover every row once."""
-    from atropos_cli.trainer.logprobs import _chunks
+    from atropos_cli.trainer.step.logprobs import _chunks
 
     assert _chunks(21, 5) == [(0, 5), (5, 10), (10, 15), (15, 21)]
     assert _chunks(20, 5)[-1] == (15, 20)
@@ -210,7 +210,7 @@ def test_a_discarded_bf16_pure_precision_frees_its_model():
     import gc
     import weakref
 
-    from atropos_cli.trainer.precision import Precision
+    from atropos_cli.trainer.step.precision import Precision
 
     model = tiny_llama()
     alive = weakref.ref(model)

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from atropos_cli.trainer.batching import micro_batches, prepare
-from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer, packing_mode
-from atropos_cli.trainer.losses import Normaliser, policy_loss
+from atropos_cli.trainer.step.batching import micro_batches, prepare
+from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer, packing_mode
+from atropos_cli.trainer.step.losses import Normaliser, policy_loss
 from atropos_cli.types import ScoredGroup
 from tiny_models import tiny_causal_lm
 
@@ -116,8 +116,8 @@ def test_packing_is_off_by_default_on_cpu_and_on_when_asked():
 
 def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradient():
     """The CUDA default: rows of exactly `width` tokens, filler after the samples, pieces in `cu_seqlens`."""
-    from atropos_cli.trainer.attention import use_varlen
-    from atropos_cli.trainer.batching import StaticShape, static_micro_batches
+    from atropos_cli.trainer.step.attention import use_varlen
+    from atropos_cli.trainer.step.batching import StaticShape, static_micro_batches
 
     model = tiny_qwen()
     trainer = GRPOTrainer(GRPOConfig(out="unused", chunk_size=7), model=model)
@@ -148,7 +148,7 @@ def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradien
 
 
 def test_static_shape_caps_samples_per_row():
-    from atropos_cli.trainer.batching import StaticShape, static_micro_batches
+    from atropos_cli.trainer.step.batching import StaticShape, static_micro_batches
 
     samples = prepare(ragged_groups(), scale_rewards=True, dynamic_sampling=False, max_len=64).samples
     shape = StaticShape(width=64, max_doc_len=64, max_docs=3)  # one piece kept for the filler: 2 samples a row
@@ -160,7 +160,7 @@ def test_static_shape_caps_samples_per_row():
 
 def test_static_packed_steps_compile_once_whatever_the_lengths():
     """No recompiles after the first step: every static micro-batch reaches the compiled body with one shape."""
-    from atropos_cli.trainer.attention import use_varlen
+    from atropos_cli.trainer.step.attention import use_varlen
 
     graphs = []
 

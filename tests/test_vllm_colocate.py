@@ -59,8 +59,8 @@ def test_runs_under_the_vllm_python():
 
 @in_vllm
 def test_one_command_loop_samples_through_colocated_vllm(tmp_path: Path):
-    from atropos_cli.trainer.grpo import GRPOConfig
     from atropos_cli.trainer.run import RunOptions, run_training
+    from atropos_cli.trainer.step.grpo import GRPOConfig
 
     opts = RunOptions(env="arithmetic", inference="vllm-colocate", vllm_gpu_memory_utilization=SMALL, groups_per_step=4)
     seen: list[dict[str, Any]] = []
@@ -81,8 +81,8 @@ def test_one_command_loop_samples_through_colocated_vllm(tmp_path: Path):
 @pytest.mark.filterwarnings("ignore:`is_gradient_checkpointing` is deprecated:FutureWarning")  # peft 0.21.2
 def test_a_lora_step_reaches_vllm_as_merged_weights(tmp_path: Path):
     from atropos_cli.trainer.config import RunOptions
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
-    from atropos_cli.trainer.vllm_colocate import start_colocated
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.weights.vllm_colocate import start_colocated
 
     trainer = GRPOTrainer(GRPOConfig(out=str(tmp_path), device="cpu", max_len=256, lora_r=8, lr=0.05))
     engine = start_colocated(trainer, RunOptions(inference="vllm-colocate", vllm_gpu_memory_utilization=SMALL))
@@ -96,8 +96,8 @@ def test_a_lora_step_reaches_vllm_as_merged_weights(tmp_path: Path):
 def colocated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Any]]:
     """A CPU trainer on the shipped model and one colocated engine on it (started once: 5-15 s)."""
     from atropos_cli.trainer.config import RunOptions
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
-    from atropos_cli.trainer.vllm_colocate import start_colocated
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.weights.vllm_colocate import start_colocated
 
     out = tmp_path_factory.mktemp("colocated")
     trainer = GRPOTrainer(GRPOConfig(out=str(out), device="cpu", max_len=256, lr=0.05))
@@ -107,7 +107,7 @@ def colocated(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, A
 
 
 def _probe_ids(engine: Any) -> list[int]:
-    from atropos_cli.trainer.vllm_colocate import PROBE_TEXT
+    from atropos_cli.trainer.weights.vllm_colocate import PROBE_TEXT
 
     return list(engine.backend.tokenizer.encode(PROBE_TEXT))
 
@@ -132,7 +132,7 @@ def _group(ids: list[int], prompt_len: int) -> Any:
 def _assert_a_step_reaches_vllm(trainer: Any, engine: Any) -> None:
     """One large step (lr 0.05 on a group with a real gradient), synced: vLLM's probe logprobs move with it and
     match the trainer's."""
-    from atropos_cli.trainer.sync import ColocateSync
+    from atropos_cli.trainer.weights.sync import ColocateSync
 
     ids = _probe_ids(engine)
     before = engine.probe_logprobs(ids)
@@ -152,7 +152,7 @@ def test_a_step_reaches_vllm_and_the_probe_matches(colocated: tuple[Any, Any]):
 
 @in_vllm
 def test_a_partial_load_trips_the_probe(colocated: tuple[Any, Any]):
-    from atropos_cli.trainer.vllm_colocate import WeightSyncError, trainer_weights
+    from atropos_cli.trainer.weights.vllm_colocate import WeightSyncError, trainer_weights
 
     trainer, engine = colocated
     _perturb(trainer.model, seed=1)
@@ -171,7 +171,7 @@ def test_a_partial_load_trips_the_probe(colocated: tuple[Any, Any]):
 def test_one_tensor_changed_inside_vllm_trips_the_probe(colocated: tuple[Any, Any]):
     import torch
 
-    from atropos_cli.trainer.vllm_colocate import WeightSyncError, trainer_weights
+    from atropos_cli.trainer.weights.vllm_colocate import WeightSyncError, trainer_weights
 
     trainer, engine = colocated
 
@@ -190,7 +190,7 @@ def test_one_tensor_changed_inside_vllm_trips_the_probe(colocated: tuple[Any, An
 @in_vllm
 def test_sleep_mode_is_refused_up_front_on_the_cpu_build():
     from atropos_cli.errors import ConfigError
-    from atropos_cli.trainer.vllm_colocate import ColocatedVLLM
+    from atropos_cli.trainer.weights.vllm_colocate import ColocatedVLLM
 
     settings = dict(dtype="float32", max_model_len=256, memory=SMALL, sleep_mode=True, seed=0, eager=True)
     with pytest.raises(ConfigError, match="sleep mode is not available on this platform") as caught:

@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
-from atropos_cli.trainer.vllm_colocate import (
+from atropos_cli.trainer.weights.vllm_colocate import (
     PROBE_TEXT,
     WeightSyncError,
     check_probe,
@@ -88,7 +88,7 @@ def test_nan_or_a_different_length_never_passes(engine: list[float], trainer: li
 
 @pytest.fixture(scope="module")
 def tiny_trainer(tmp_path_factory: pytest.TempPathFactory):
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     return GRPOTrainer(GRPOConfig(out=str(tmp_path_factory.mktemp("t")), device="cpu", max_len=256))
 
@@ -110,7 +110,7 @@ def test_the_trainers_probe_logprobs_are_a_plain_forwards(tiny_trainer):
 def test_a_lora_run_hands_over_merged_weights_under_the_plain_names(tmp_path: Path, tiny_trainer):
     import torch
 
-    from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
+    from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     lora = GRPOTrainer(GRPOConfig(out=str(tmp_path), device="cpu", max_len=256, lora_r=4))
     with torch.no_grad():  # a non-zero adapter, so merged != base
@@ -136,7 +136,7 @@ def test_one_process_on_one_device_is_checked_before_vllm_starts(
 
     from atropos_cli.errors import ConfigError
     from atropos_cli.trainer.config import RunOptions
-    from atropos_cli.trainer.vllm_colocate import start_colocated
+    from atropos_cli.trainer.weights.vllm_colocate import start_colocated
 
     monkeypatch.setenv("WORLD_SIZE", world)
     with pytest.raises(ConfigError) as caught:

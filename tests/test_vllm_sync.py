@@ -19,8 +19,8 @@ import torch
 
 from atropos_cli.errors import InferenceError
 from atropos_cli.resources import resolve_model_path
-from atropos_cli.trainer.grpo import GRPOConfig, GRPOTrainer
-from atropos_cli.trainer.vllm import BASE_NAME, VLLMServer, VLLMSync
+from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+from atropos_cli.trainer.weights.vllm import BASE_NAME, VLLMServer, VLLMSync
 
 pytestmark = pytest.mark.vllm
 

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from atropos_cli.cli.app import app
 from atropos_cli.errors import ConfigError, InferenceError
 from atropos_cli.testing.threaded import ThreadedServer
-from atropos_cli.trainer.vllm import VLLMServer, VLLMSync, vllm_lora_rank
+from atropos_cli.trainer.weights.vllm import VLLMServer, VLLMSync, vllm_lora_rank
 
 FAKE_VLLM = """
 import argparse, os, sys

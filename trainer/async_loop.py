@@ -31,8 +31,8 @@ from typing import Any
 from atropos_cli.errors import AtroposError, PeerLost
 from atropos_cli.types import ScoredGroup
 
-from .distributed import Dist
-from .weight_push import TrainerGone, WeightPusher, WeightReceiver
+from .scale.distributed import Dist
+from .weights.weight_push import TrainerGone, WeightPusher, WeightReceiver
 
 __all__ = ["Roles", "split_roles", "trainer_source", "engine_loop", "staleness_metrics", "StalenessProbe"]
 
@@ -274,7 +274,7 @@ def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: 
     """(batches, after-step sync, the feed) of a trainer rank; the initial weights go out first."""
     import torch
 
-    from .sources import from_rank0
+    from .data.sources import from_rank0
 
     is_src = roles.world.rank == 0
     dtype = torch.bfloat16 if trainer.device.startswith("cuda") else torch.float32
@@ -302,8 +302,8 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
 
     from atropos_cli.config import ServerConfig
 
-    from .rollouts import EnvRollouts
-    from .versioned_engine import VersionedBackend, tag_versions
+    from .data.rollouts import EnvRollouts
+    from .weights.versioned_engine import VersionedBackend, tag_versions
 
     index, world = roles.engine_index, roles.world
     receiver = WeightReceiver(roles.control, roles.data, 0, world.device)

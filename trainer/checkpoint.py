@@ -19,7 +19,7 @@ from typing import Any
 
 from atropos_cli.config import read_saved
 
-from .lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
+from .weights.lora import ADAPTER_DIR, is_lora_model, save_adapter, save_merged
 
 __all__ = [
     "save_checkpoint",

@@ -14,10 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from atropos_cli.resources import DEFAULT_MODEL
 
-from .precision import Dtype
+from .step.precision import Dtype
 
 if TYPE_CHECKING:
-    from .losses import LossConfig
+    from .step.losses import LossConfig
 
 __all__ = ["GRPOConfig", "RunOptions", "DEFAULT_CHUNK", "default_lr"]
 
@@ -129,7 +129,7 @@ class GRPOConfig(BaseModel):
         return data
 
     def check_lora(self) -> None:
-        from . import lora
+        from .weights import lora
 
         lora.check_lora(self.lora_r, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
 
@@ -137,7 +137,7 @@ class GRPOConfig(BaseModel):
         """The preset named by `loss` with this config's overrides (a `losses.LossConfig`; imports torch)."""
         from atropos_cli.errors import ConfigError
 
-        from .losses import LOSS_NAMES, loss_config
+        from .step.losses import LOSS_NAMES, loss_config
 
         if self.loss not in LOSS_NAMES:
             raise ConfigError(f"unknown loss {self.loss!r}", hint="choose one of: " + ", ".join(LOSS_NAMES))

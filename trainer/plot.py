@@ -8,7 +8,7 @@ from pathlib import Path
 
 from atropos_cli.errors import ConfigError
 
-from .metrics import read_metrics
+from .step.metrics import read_metrics
 
 __all__ = ["plot_reward_curve", "PLOT_FILE"]
 

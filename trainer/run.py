@@ -22,12 +22,12 @@ from pydantic import BaseModel
 from atropos_cli.config import config_diff, read_saved
 from atropos_cli.errors import ConfigError, OutputExistsError
 
-from . import lora
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
-from .grpo import GRPOTrainer, train
-from .metrics import MetricsSink
-from .sources import CheckedBatches, FileData, from_rank0, gathered
+from .data.sources import CheckedBatches, FileData, from_rank0, gathered
+from .step.grpo import GRPOTrainer, train
+from .step.metrics import MetricsSink
+from .weights import lora
 
 __all__ = ["RunOptions", "run_training", "RunSummary", "CONFIG_FILE"]
 
@@ -111,8 +111,8 @@ def _source(
     roles: Any = None,
 ):
     """(batch iterator, after-step sync, the env rollouts or the --data groups or None) for the chosen mode."""
-    from .sources import api_batches, file_batches
-    from .sync import CheckpointSync, LocalSync
+    from .data.sources import api_batches, file_batches
+    from .weights.sync import CheckpointSync, LocalSync
 
     sync: Callable[[Any], dict[str, Any]] | None
     out = Path(config.out)
@@ -145,7 +145,7 @@ def _source(
             )
         if not dist.is_main:  # rank 0 runs the env workers and the server; the others save on the same steps
             return from_rank0(None, dist), CheckpointSync(out, opts.sync_every), None
-    from .rollouts import EnvRollouts
+    from .data.rollouts import EnvRollouts
 
     server: dict[str, Any]
     backend: Any = None
@@ -153,7 +153,7 @@ def _source(
     if opts.inference == "local":
         server = {"server_type": "local", "model_name": config.model}
     elif opts.inference == "vllm-colocate":
-        from .vllm_colocate import start_colocated
+        from .weights.vllm_colocate import start_colocated
 
         colocated = start_colocated(trainer, opts, on_event)
         stack.callback(colocated.close)
@@ -174,7 +174,7 @@ def _source(
     )
     stack.callback(rollouts.close)
     if colocated is not None:
-        from .sync import ColocateSync
+        from .weights.sync import ColocateSync
 
         sync = ColocateSync(colocated, opts.sync_every, opts.vllm_probe_tolerance)
         return colocated.sleeping_between(rollouts.batches(opts.groups_per_step)), sync, rollouts
@@ -184,7 +184,7 @@ def _source(
         if dist is not None:  # data-parallel rollouts: each rank samples its share on its own engine
             return gathered(rollouts, opts.groups_per_step, dist), sync, rollouts
     elif opts.inference == "vllm":
-        from .vllm import VLLMSync
+        from .weights.vllm import VLLMSync
 
         sync = vllm_sync = VLLMSync(vllm, out, opts.sync_every, opts.vllm_sync)
         on_event(vllm_sync.describe())
@@ -197,7 +197,7 @@ def _source(
 
 def _vllm_server(opts: RunOptions, config: GRPOConfig, trainer: GRPOTrainer, out: Path) -> Any:
     """The vLLM server to launch: on the resumed checkpoint if any; with LoRA, the base + the step's adapter."""
-    from .vllm import VLLMServer
+    from .weights.vllm import VLLMServer
 
     model = str(latest_checkpoint(out)) if trainer.step_count and latest_checkpoint(out) else config.model
     adapter = None
@@ -238,7 +238,7 @@ def max_positions(model: Any) -> int | None:
 
 def _load_data(opts: RunOptions, trainer: GRPOTrainer, on_event: Callable[[str], None]) -> Any:
     """--data's groups, checked against the model's vocabulary; what was skipped is reported, never dropped."""
-    from .sources import MAX_WARNINGS, load_file_groups
+    from .data.sources import MAX_WARNINGS, load_file_groups
 
     data = load_file_groups(opts.data, vocab_size(trainer.model))
     for bad in data.bad_records[:MAX_WARNINGS]:
@@ -284,8 +284,8 @@ def _finish(summary: RunSummary, rewards: list[float], opts: RunOptions, config:
 
 def _join_ranks(opts: RunOptions, config: GRPOConfig) -> Any:
     """The process group when this run is sharded: under torchrun, or resuming a sharded checkpoint alone."""
-    from .distributed import in_launcher, init_from_env
-    from .sharded_checkpoint import is_sharded
+    from .scale.distributed import in_launcher, init_from_env
+    from .scale.sharded_checkpoint import is_sharded
 
     out = Path(config.out)
     if in_launcher() or (opts.resume and is_sharded(latest_checkpoint(out))):
@@ -302,7 +302,7 @@ def run_training(
     out = Path(config.out)
     opts.check_async()
     if opts.inference == "vllm-colocate" and not opts.data and not opts.api_url:
-        from .vllm_colocate import check_can_colocate
+        from .weights.vllm_colocate import check_can_colocate
 
         check_can_colocate(opts.nproc_per_node)  # before anything is written or loaded
     dist = _join_ranks(opts, config)
@@ -338,7 +338,7 @@ def _run(
 ) -> RunSummary:
     out = Path(config.out)
     if dist is not None and opts.resume and config.parallel == "auto":
-        from .sharded_checkpoint import is_sharded
+        from .scale.sharded_checkpoint import is_sharded
 
         if is_sharded(latest_checkpoint(out)):  # an FSDP run wrote it: it resumes sharded, on any world size
             config.parallel = "fsdp"

@@ -163,7 +163,7 @@ def _load_model_and_tokenizer(name: str, device: str) -> tuple[Any, Any]:
     """The policy loader GRPO uses (fp32 weights + tokenizer), refusing a tokenizer without a chat template."""
     from atropos_cli.inference.tokenizer import load_tokenizer
 
-    from .grpo import load_policy
+    from .step.grpo import load_policy
 
     if load_tokenizer(name).chat_template is None:  # checked first: cheap, and before any weights load
         raise ModelLoadError(f"tokenizer of {name!r} has no chat template", hint="SFT on chats needs one")

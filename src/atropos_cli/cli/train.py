@@ -129,7 +129,7 @@ def train_command(
         grpo, opts = _configs(values, env, out, list(ctx.args), config)
         if opts.nproc_per_node > 1 and not _in_launcher():
             from atropos_cli.quiet import verbose
-            from atropos_cli.trainer.launch import launch
+            from atropos_cli.trainer.scale.launch import launch
 
             launch(opts.nproc_per_node, sys.argv[1:], verbose(), opts.inference_gpus)  # each rank re-runs this command
             return
@@ -145,13 +145,13 @@ def train_command(
 
 
 def _in_launcher() -> bool:
-    from atropos_cli.trainer.distributed import in_launcher
+    from atropos_cli.trainer.scale.distributed import in_launcher
 
     return in_launcher()
 
 
 def _rank() -> int:
-    from atropos_cli.trainer.distributed import world_from_env
+    from atropos_cli.trainer.scale.distributed import world_from_env
 
     return world_from_env()[0]
 

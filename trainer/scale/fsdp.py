@@ -27,7 +27,7 @@ import torch
 
 from atropos_cli.errors import ModelLoadError
 
-from . import lora
+from ..weights import lora
 
 # Whether layers re-gather their weights for the backward (True: ZeRO-3 memory) or keep them gathered from the
 # forward (False: fewer gathers, more memory); benchmarks/bench_fsdp.py compares them.

@@ -129,7 +129,7 @@ def trainer_logprobs(trainer: Any, ids: list[int]) -> list[float]:
     """Per-token logprobs of `ids[1:]` under the trainer's own forward (the loss's code path), dropout off."""
     import torch
 
-    from .batching import Sample
+    from ..step.batching import Sample
 
     n = len(ids) - 1
     sample = Sample(tokens=ids, trained=[True] * n, advantages=[0.0] * n, temperature=1.0, inference_logprobs=None)

@@ -23,7 +23,7 @@ from typing import Any
 
 from atropos_cli.errors import AtroposError
 
-from .fsdp import full_weights
+from ..scale.fsdp import full_weights
 from .lora import is_lora_model, merged_keys
 
 __all__ = ["LocalSync", "CheckpointSync", "ColocateSync", "copy_weights"]

@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fsdp import full_weights
+from ..scale.fsdp import full_weights
 
 __all__ = ["WeightPusher", "WeightReceiver", "Layout", "STOP", "BUCKET_BYTES", "TrainerGone"]
 

@@ -355,7 +355,7 @@ def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[Micr
     """Samples packed end to end into rows of exactly `shape.width` tokens (first-fit decreasing, at most
     `max_docs - filler pieces` samples a row); the rest of each row is filler (token 0, never trained, its own
     attention pieces). Every micro-batch has the same model-input shapes: [1, width] ids and positions and a
-    [max_docs + 1] `cu_seqlens`, which keeps attention within each piece (trainer/attention.py)."""
+    [max_docs + 1] `cu_seqlens`, which keeps attention within each piece (trainer/step/attention.py)."""
     filler_pieces = -(-shape.width // shape.max_doc_len)
     rows = _pack(samples, shape.width, shape.max_docs - filler_pieces)
     out = []

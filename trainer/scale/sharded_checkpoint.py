@@ -24,8 +24,8 @@ import torch
 
 from atropos_cli.errors import ConfigError
 
-from . import lora
-from .checkpoint import CHECKPOINTS, begin_checkpoint, finish_checkpoint, read_trainer_state, temporary_dir
+from ..checkpoint import CHECKPOINTS, begin_checkpoint, finish_checkpoint, read_trainer_state, temporary_dir
+from ..weights import lora
 from .distributed import Dist
 from .fsdp import full_tensor, full_weights
 

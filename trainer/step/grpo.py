@@ -29,12 +29,13 @@ from typing import Any, Literal
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
-from . import fsdp, lora, replicate
+from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
+from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens
+from ..scale import fsdp, replicate
+from ..scale.distributed import Dist, assign_groups
+from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
-from .checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from .config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens
-from .distributed import Dist, assign_groups
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
@@ -352,7 +353,7 @@ class GRPOTrainer:
             self.dist.barrier()
             return path or out / CHECKPOINTS / f"step-{self.step_count}"
         if self.dist is not None:
-            from .sharded_checkpoint import save_sharded
+            from ..scale.sharded_checkpoint import save_sharded
 
             return save_sharded(out, self.step_count, self, state, keep, self.dist)
         return save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
@@ -375,7 +376,7 @@ class GRPOTrainer:
         if checkpoint is None:
             return None
         if self.dist is not None and self.replicated:
-            from .sharded_checkpoint import is_sharded
+            from ..scale.sharded_checkpoint import is_sharded
 
             if is_sharded(checkpoint):
                 raise ConfigError(
@@ -384,7 +385,7 @@ class GRPOTrainer:
                     hint="drop --parallel replicate: --parallel auto resumes a sharded checkpoint sharded",
                 )
         elif self.dist is not None:
-            from .sharded_checkpoint import load_sharded
+            from ..scale.sharded_checkpoint import load_sharded
 
             meta = load_sharded(checkpoint, self, self.dist)
             self.step_count, self.batches_seen = int(meta["step"]), int(meta.get("batches_seen", meta["step"]))

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .config import DEFAULT_CHUNK
+from ..config import DEFAULT_CHUNK
 
 __all__ = ["flat_token_logprobs", "naive_token_logprobs", "DEFAULT_CHUNK"]
 
