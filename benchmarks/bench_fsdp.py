@@ -152,9 +152,12 @@ def worker(args) -> None:
 
 
 def run_row(spec: str, args) -> dict:
-    """One row: 'plain' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate]' -> its measurements (or the failure)."""
+    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate]' -> its measurements (or the
+    failure)."""
     parts = spec.split(":")
     shape, n = ("0.5b" if not args.tiny else "tiny", 1) if parts[0] == "plain" else (parts[0], int(parts[1]))
+    if parts[0] == "plain" and len(parts) > 1 and parts[1] in SHAPES:  # plain:1.5b: another shape, one process
+        shape, parts = parts[1], [parts[0], *parts[2:]]
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
     for flag in parts[1:] if parts[0] == "plain" else parts[2:]:
@@ -240,16 +243,22 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
-    base = None
+    base: dict[str, float] = {}  # shape -> its one-process row's tokens/s (weak scaling is against it)
     plain_shape = "tiny" if args.tiny else "0.5b"
     for spec in args.rows.split(","):
         r = run_row(spec, args)
+        parts = spec.split(":")
+        shape = (
+            (parts[1] if len(parts) > 1 and parts[1] in SHAPES else plain_shape) if parts[0] == "plain" else parts[0]
+        )
         if "error" in r:
             line = f"| {spec} | failed: {r['error']} |"
         else:
-            base = base or (r["tokens_per_s_per_gpu"] if spec.startswith("plain") else None)
-            same_shape = spec.split(":")[0] == plain_shape and ":lora" not in spec
-            eff = f"{r['tokens_per_s_per_gpu'] / base:.1%}" if base and same_shape else ""
+            if parts[0] == "plain":
+                base.setdefault(shape, r["tokens_per_s_per_gpu"])
+            eff = ""
+            if shape in base and parts[0] != "plain" and ":lora" not in spec:
+                eff = f"{r['tokens_per_s_per_gpu'] / base[shape]:.1%}"
             line = (
                 f"| {spec} | {r['world']} | {r['how']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} "
                 f"| {eff} "
