@@ -24,6 +24,7 @@ learning row). Envs: `arithmetic` (short answers) and `count` (this file's env: 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -72,18 +73,28 @@ def run_row(mode: str, model: str, lr: float, env: str, env_flags: list[str], ar
         "--save-every", "0", "--device", args.device, "--seed", "0", *env_flags, *flags,
     ]  # fmt: skip
     started = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    log = out.parent / f"{out.name}.log"  # a file, not a pipe: a rank that outlives a kill cannot hold it open
     # its own process group: a row past --timeout is stopped with its ranks (they hold the GPUs)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        _, stderr = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"mode": mode, "error": f"timed out after {args.timeout:.0f} s (lower --steps or --groups)"}
+    with log.open("w") as sink:
+        proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=args.timeout)
+            timed_out = False
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            timed_out = True
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
     wall = time.perf_counter() - started
-    if proc.returncode:
-        return {"mode": mode, "error": f"exit {proc.returncode}: {stderr.strip()[-600:]}"}
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    metrics = out / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
+    if timed_out and len(rows) <= args.warmup:
+        return {"mode": mode, "error": f"timed out after {args.timeout:.0f} s at step {len(rows)}"}
+    if proc.returncode and not timed_out:
+        return {"mode": mode, "error": f"exit {proc.returncode}: {log.read_text().strip()[-600:]}"}
+    if timed_out:  # the steps it made before the limit still count (the table says how many)
+        mode = f"{mode} ({len(rows)} of {args.steps} steps: timed out)"
     timed = rows[args.warmup :] or rows
     seconds = sum(r.get("loop_s", 0.0) for r in timed)
     rewards = [r.get("reward_mean", 0.0) for r in rows]
