@@ -141,6 +141,21 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
 }
 
 
+# --- corpus3a: single-turn math, formats, evaluate ---
+# math_server.py / math_server_zero.py: DeepMath rows are gsm8k's questions (the fake answers them by question),
+# the answer without `\boxed{}`; its eval sets (loaded in setup) hold the same questions
+DEEPMATH = [{"question": r["question"], "final_answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+MATH_EVAL = [{"problem": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+AMC_EVAL = [{"question": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
+    ("zwhe99/DeepMath-103K", None): DEEPMATH,
+    ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
+    ("HuggingFaceH4/math-500", None): MATH_EVAL,
+    ("math-ai/amc23", None): AMC_EVAL,
+}
+STANDINS.update(STANDINS_3A)
+
+
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
 
 
