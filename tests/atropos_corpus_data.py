@@ -147,11 +147,37 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
 DEEPMATH = [{"question": r["question"], "final_answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
 MATH_EVAL = [{"problem": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
 AMC_EVAL = [{"question": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+# instruction_following_algorithm_environment.py: RLVR-IFeval rows (an instruction, its verifier as JSON); each
+# instruction -> (an answer that follows it, one that does not)
+IFEVAL_ANSWERS = {
+    "Describe the harbour at dawn. Include the keywords tide and shell.": (
+        "The tide rolls in over a pale shell.",
+        "The harbour is quiet and grey.",
+    ),
+    "Describe a forest walk in lowercase letters only.": ("the pines are tall and green.", "The Pines Are Tall."),
+    "Describe a market without using any commas.": ("the stalls sell bread and fish.", "bread, fish, and fruit."),
+    "Describe a river and finish with the exact phrase That is all.": ("It runs slow. That is all.", "It runs."),
+}
+_IFEVAL_CHECKS = [
+    {"func_name": "verify_keywords", "keyword_list": ["tide", "shell"]},
+    {"func_name": "validate_lowercase"},
+    {"func_name": "validate_no_commas"},
+    {"func_name": "validate_end", "end_phrase": "That is all."},
+]
+IFEVAL = [
+    {
+        "messages": [{"role": "user", "content": text}],
+        "ground_truth": json.dumps(check),
+        "constraint": check["func_name"],
+    }
+    for text, check in zip(IFEVAL_ANSWERS, _IFEVAL_CHECKS, strict=True)
+]
 STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
     ("HuggingFaceH4/math-500", None): MATH_EVAL,
     ("math-ai/amc23", None): AMC_EVAL,
+    ("allenai/RLVR-IFeval", None): IFEVAL,
 }
 STANDINS.update(STANDINS_3A)
 

@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import GSM8K, MCQA, install
+from atropos_corpus_data import GSM8K, IFEVAL_ANSWERS, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -62,6 +62,10 @@ RUNS: dict[str, tuple[list[str], int]] = {
 # corpus3a: single-turn math, instruction following and formats, an env's `evaluate`
 RUNS_3A: dict[str, tuple[list[str], int]] = {
     "math_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
+    "instruction_following_algorithm_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
+        2,
+    ),
 }
 RUNS.update(RUNS_3A)
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
@@ -133,7 +137,15 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
-    return f"I do not know this one, sorry ({k})."
+    return _corpus_answer_3a(prompt, k) or f"I do not know this one, sorry ({k})."
+
+
+def _corpus_answer_3a(prompt: str, k: int) -> str | None:
+    """corpus3a's envs: instruction following and formats, the eval envs."""
+    instruction = next((i for i in IFEVAL_ANSWERS if i in prompt), None)
+    if instruction is not None:  # instruction_following_algorithm_environment.py: one think block, then the text
+        return f"<think>I follow the instruction.</think>\n{IFEVAL_ANSWERS[instruction][k % 2]}"
+    return None
 
 
 def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like the class it returns
