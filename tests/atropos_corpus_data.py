@@ -172,12 +172,22 @@ IFEVAL = [
     }
     for text, check in zip(IFEVAL_ANSWERS, _IFEVAL_CHECKS, strict=True)
 ]
+# eval_environments/gsm8k_eval.py (`--env.dataset_name atropos-corpus/gsm8k-eval`): each question is asked once,
+# so the fake answers these right at first and EVAL_MISSED wrong at first
+EVAL_GSM8K = [
+    {"question": "Ann has 8 shells and finds 5 more. How many shells?", "answer": "8 + 5 = 13\n#### 13"},
+    {"question": "A crate holds 9 jars. How many jars are in 3 crates?", "answer": "9 * 3 = 27\n#### 27"},
+    {"question": "Ben had 15 coins and spent 6. How many are left?", "answer": "15 - 6 = 9\n#### 9"},
+    {"question": "Each of 4 kites has 2 tails. How many tails?", "answer": "4 * 2 = 8\n#### 8"},
+]
+EVAL_MISSED = {EVAL_GSM8K[1]["question"], EVAL_GSM8K[3]["question"]}
 STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
     ("HuggingFaceH4/math-500", None): MATH_EVAL,
     ("math-ai/amc23", None): AMC_EVAL,
     ("allenai/RLVR-IFeval", None): IFEVAL,
+    ("atropos-corpus/gsm8k-eval", None): EVAL_GSM8K,
 }
 STANDINS.update(STANDINS_3A)
 

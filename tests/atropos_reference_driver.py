@@ -1,8 +1,9 @@
 """Runs several Atropos env files' `process` in ONE atroposlib interpreter (saves its import time per env).
 
 Usage (by tests/atropos_conformance.py, in atroposlib's venv): `python atropos_reference_driver.py JOBS.json`
-where JOBS.json is a list of {"env_file", "out", "argv"}; prints one JSON line per job: {"env_file", "ok",
-"error"}. Each job runs as `python ENV.py process ARGV...` would: in `out`, as `__main__`.
+where JOBS.json is a list of {"env_file", "out", "argv"[, "command"]}; prints one JSON line per job: {"env_file",
+"ok", "error"}. Each job runs as `python ENV.py COMMAND ARGV...` would (COMMAND: "process" unless given): in `out`,
+as `__main__`, its folder first on sys.path.
 """
 
 import json
@@ -16,7 +17,8 @@ import traceback
 def run(job):
     os.makedirs(job["out"], exist_ok=True)
     os.chdir(job["out"])
-    sys.argv = [job["env_file"], "process", *job["argv"]]
+    sys.argv = [job["env_file"], job.get("command", "process"), *job["argv"]]
+    sys.path.insert(0, os.path.dirname(job["env_file"]))  # as `python ENV.py` does: its folder's modules import
     try:
         runpy.run_path(job["env_file"], run_name="__main__")
     except SystemExit as exc:
@@ -24,6 +26,8 @@ def run(job):
             return f"exit {exc.code}"
     except BaseException:
         return traceback.format_exc()[-3000:]
+    finally:
+        sys.path.remove(os.path.dirname(job["env_file"]))
     return None
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import subprocess
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import GSM8K, IFEVAL_ANSWERS, MCQA, install
+from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -142,6 +143,10 @@ def corpus_answer(prompt: str, k: int) -> str:
 
 def _corpus_answer_3a(prompt: str, k: int) -> str | None:
     """corpus3a's envs: instruction following and formats, the eval envs."""
+    question = next((row for row in EVAL_GSM8K if row["question"] in prompt), None)
+    if question is not None:  # eval_environments/gsm8k_eval.py: a think block, then \boxed{N}
+        gold = int(question["answer"].split("#")[-1]) + (k + (question["question"] in EVAL_MISSED)) % 2
+        return f"<think>I work it out.</think>\nThe answer is \\boxed{{{gold}}}."
     instruction = next((i for i in IFEVAL_ANSWERS if i in prompt), None)
     if instruction is not None:  # instruction_following_algorithm_environment.py: one think block, then the text
         return f"<think>I follow the instruction.</think>\n{IFEVAL_ANSWERS[instruction][k % 2]}"
@@ -192,22 +197,29 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
     atroposlib 0.4.0 ignores the `base_url` of a lone APIServerConfig (what these files' config_init return)
     and discovers servers at localhost:9004-9007, so each file runs against a fresh fake server on port 9004.
     """
+    return reference_runs(root, tokenizer, tmp_path_factory.mktemp("reference"), "process", sorted(RUNS), flags)
+
+
+def reference_runs(
+    root: Path, tokenizer: Path, out: Path, command: str, files: list[str], make_flags: Any
+) -> dict[str, tuple[dict[str, Any] | None, Path]]:
+    """`python FILE COMMAND FLAGS` under atroposlib for each file, one after another, each against a fresh fake
+    server on DISCOVERED_PORT: its driver result and output folder (out/i), by file."""
     if not reference_usable():
         pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
-    out = tmp_path_factory.mktemp("reference")
     env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
     env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
     env["ATROPOS_CORPUS_SEED"] = str(SEED)
     driver = Path(__file__).parent / "atropos_reference_driver.py"
     found = {}
-    for i, file in enumerate(sorted(RUNS)):
+    for i, file in enumerate(files):
         try:
             server = FakeInferenceServer(CorpusRule(), tokenizer=str(tokenizer), port=DISCOVERED_PORT).start()
         except Exception as exc:  # the port is taken on this machine
             pytest.skip(f"atroposlib's discovered server port {DISCOVERED_PORT} is not free here: {exc}")
         try:
-            job = {"env_file": str(root / "environments" / file), "out": str(out / str(i))}
-            job["argv"] = flags(file, server.base_url, tokenizer, out / str(i))
+            job = {"env_file": str(root / "environments" / file), "out": str(out / str(i)), "command": command}
+            job["argv"] = make_flags(file, server.base_url, tokenizer, out / str(i))
             (out / f"job{i}.json").write_text(json.dumps([job]))
             done = subprocess.run(
                 [PYTHON, str(driver), str(out / f"job{i}.json")], capture_output=True, text=True, timeout=300, env=env
@@ -305,3 +317,55 @@ def test_env_file_runs_under_atropos(file: str, root: Path, tokenizer: Path, sta
     code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
     assert len(groups) == RUNS[file][1] and all(re.search(r"\d", json.dumps(g["scores"])) for g in groups)
+
+
+# --- corpus3a: envs run through their own `evaluate` (`python FILE evaluate` / `atropos evaluate FILE`) ----------
+# file -> extra flags; both write the env's own metrics.json and results.jsonl under --env.data_dir_to_save_evals
+EVALS: dict[str, list[str]] = {
+    "eval_environments/gsm8k_eval.py": ["--env.dataset_name", "atropos-corpus/gsm8k-eval"],
+}
+EVAL_FILES = ("metrics.json", "results.jsonl")
+
+
+def eval_flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
+    common = ["--env.data_dir_to_save_evals", str(out / "evals"), "--env.use_wandb", "false"]
+    common += ["--env.tokenizer_name", str(tokenizer), "--openai.base_url", base_url, "--openai.api_key", "x"]
+    return [*common, "--openai.model_name", "fake-model", *EVALS[file]]
+
+
+@pytest.fixture(scope="module")
+def reference_evals(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every file in EVALS as `python FILE evaluate` under atroposlib 0.4.0: its driver result and evals folder."""
+    found = reference_runs(root, tokenizer, tmp_path_factory.mktemp("evals"), "evaluate", sorted(EVALS), eval_flags)
+    return {file: (result, folder / "evals") for file, (result, folder) in found.items()}
+
+
+def evaluate_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str]:
+    """`atropos evaluate FILE ...` through our Typer app in this process, against a fresh fake server."""
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    (server,) = start_servers(tokenizer, 1)
+    try:
+        random.seed(SEED)
+        args = ["evaluate", str(root / "environments" / file), "--out", str(out / "run")]
+        result = CliRunner().invoke(app, [*args, *eval_flags(file, server.base_url, tokenizer, out)])
+    finally:
+        stop_servers([server])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("file", sorted(EVALS))
+def test_env_file_evaluate_matches_atroposlib(
+    file: str, root: Path, tokenizer: Path, reference_evals: dict, standins: None, tmp_path: Path
+) -> None:
+    code, output = evaluate_ours(root, file, tokenizer, tmp_path)
+    reference, ref_evals = reference_evals[file]
+    assert reference is not None and reference["ok"] and code == 0, f"atroposlib: {reference}\nours: {output}"
+    for name in EVAL_FILES:
+        ours, theirs = (tmp_path / "evals" / name).read_text(), (ref_evals / name).read_text()
+        assert ours == theirs, f"{name} differs:\nours {ours[:1500]}\natroposlib {theirs[:1500]}"
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    assert 0 < metrics["accuracy"] < 1, f"the fake answered right and wrong, yet accuracy is {metrics['accuracy']}"
+    assert "own evaluate()" in output, output
