@@ -181,6 +181,22 @@ EVAL_GSM8K = [
     {"question": "Each of 4 kites has 2 tails. How many tails?", "answer": "4 * 2 = 8\n#### 8"},
 ]
 EVAL_MISSED = {EVAL_GSM8K[1]["question"], EVAL_GSM8K[3]["question"]}
+# pydantic_schema_following_environment.py: a prompt, the pydantic model's code and name; PYDANTIC_RECORDS holds the
+# record each prompt asks for (the fake writes it in the format the system prompt names, or leaves `age` out)
+_PET = "class Pet(BaseModel):\n    name: str\n    age: int\n    species: Literal['cat', 'dog']\n"
+PYDANTIC_RECORDS = {
+    f"Write the Pet record for {name}, a {age}-year-old {species}.": {"name": name, "age": age, "species": species}
+    for name, age, species in (("Rex", 3, "dog"), ("Tom", 5, "cat"), ("Bo", 2, "dog"), ("Kit", 7, "cat"))
+}
+PYDANTIC = [
+    {
+        "problem_id": f"pet-{i}",
+        "task_type": "generation",
+        "prompt": prompt,
+        "verification_info": json.dumps({"pydantic_config": _PET, "model_name": "Pet"}),
+    }
+    for i, prompt in enumerate(PYDANTIC_RECORDS)
+]
 STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
@@ -188,6 +204,7 @@ STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("math-ai/amc23", None): AMC_EVAL,
     ("allenai/RLVR-IFeval", None): IFEVAL,
     ("atropos-corpus/gsm8k-eval", None): EVAL_GSM8K,
+    ("justus27/pydantic-adherance-test", None): PYDANTIC,
 }
 STANDINS.update(STANDINS_3A)
 

@@ -22,7 +22,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, install
+from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, PYDANTIC_RECORDS, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -64,6 +64,10 @@ RUNS: dict[str, tuple[list[str], int]] = {
 RUNS_3A: dict[str, tuple[list[str], int]] = {
     "math_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
     "instruction_following_algorithm_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
+        2,
+    ),
+    "pydantic_schema_following_environment/pydantic_schema_following_environment.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
         2,
     ),
@@ -147,10 +151,30 @@ def _corpus_answer_3a(prompt: str, k: int) -> str | None:
     if question is not None:  # eval_environments/gsm8k_eval.py: a think block, then \boxed{N}
         gold = int(question["answer"].split("#")[-1]) + (k + (question["question"] in EVAL_MISSED)) % 2
         return f"<think>I work it out.</think>\nThe answer is \\boxed{{{gold}}}."
+    record = next((r for p, r in PYDANTIC_RECORDS.items() if p in prompt), None)
+    if record is not None:  # pydantic_schema_following_environment.py: the record (or one without `age`), formatted
+        return "<think>I fill in the fields.</think>\n" + _structured(
+            prompt, record if k % 2 == 0 else {**record, "age": None}
+        )
     instruction = next((i for i in IFEVAL_ANSWERS if i in prompt), None)
     if instruction is not None:  # instruction_following_algorithm_environment.py: one think block, then the text
         return f"<think>I follow the instruction.</think>\n{IFEVAL_ANSWERS[instruction][k % 2]}"
     return None
+
+
+def _structured(prompt: str, record: dict[str, Any]) -> str:
+    """`record` (no None values) in the format and container a pydantic_schema_following system prompt asks for."""
+    kind = re.search(r"structured data in (JSON|YAML|TOML|XML) format", prompt)[1].lower()  # type: ignore[index]
+    fields = {key: value for key, value in record.items() if value is not None}
+    if kind == "json":
+        text = json.dumps(fields)
+    elif kind == "xml":
+        text = "<Pet>" + "".join(f"<{key}>{value}</{key}>" for key, value in fields.items()) + "</Pet>"
+    else:  # YAML and TOML both read JSON's scalars
+        text = "\n".join(f"{key}{':' if kind == 'yaml' else ' ='} {json.dumps(value)}" for key, value in fields.items())
+    if f"<{kind}_output>" in prompt:
+        return f"<{kind}_output>\n{text}\n</{kind}_output>"
+    return f"```{kind}\n{text}\n```" if "markdown code block" in prompt else text
 
 
 def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like the class it returns
