@@ -180,7 +180,24 @@ EVAL_GSM8K = [
     {"question": "Ben had 15 coins and spent 6. How many are left?", "answer": "15 - 6 = 9\n#### 9"},
     {"question": "Each of 4 kites has 2 tails. How many tails?", "answer": "4 * 2 = 8\n#### 8"},
 ]
-EVAL_MISSED = {EVAL_GSM8K[1]["question"], EVAL_GSM8K[3]["question"]}
+# eval_environments/obqa_eval.py: four-choice questions, the gold letter in answerKey
+OBQA = [
+    {
+        "id": f"obqa-{i}",
+        "question_stem": stem,
+        "choices": {"text": ["sand", "water", "iron", "wood"], "label": ["A", "B", "C", "D"]},
+        "answerKey": key,
+    }
+    for i, (stem, key) in enumerate(
+        [
+            ("Which of these is wet?", "B"),
+            ("Which of these rusts?", "C"),
+            ("Which of these burns in a campfire?", "D"),
+            ("Which of these fills an hourglass?", "A"),
+        ]
+    )
+]
+EVAL_MISSED = {EVAL_GSM8K[1]["question"], EVAL_GSM8K[3]["question"], OBQA[0]["question_stem"], OBQA[2]["question_stem"]}
 # pydantic_schema_following_environment.py: a prompt, the pydantic model's code and name; PYDANTIC_RECORDS holds the
 # record each prompt asks for (the fake writes it in the format the system prompt names, or leaves `age` out)
 _PET = "class Pet(BaseModel):\n    name: str\n    age: int\n    species: Literal['cat', 'dog']\n"
@@ -205,6 +222,7 @@ STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("allenai/RLVR-IFeval", None): IFEVAL,
     ("atropos-corpus/gsm8k-eval", None): EVAL_GSM8K,
     ("justus27/pydantic-adherance-test", None): PYDANTIC,
+    ("allenai/openbookqa", "main"): OBQA,
 }
 STANDINS.update(STANDINS_3A)
 

@@ -22,7 +22,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, PYDANTIC_RECORDS, install
+from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, OBQA, PYDANTIC_RECORDS, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -151,6 +151,11 @@ def _corpus_answer_3a(prompt: str, k: int) -> str | None:
     if question is not None:  # eval_environments/gsm8k_eval.py: a think block, then \boxed{N}
         gold = int(question["answer"].split("#")[-1]) + (k + (question["question"] in EVAL_MISSED)) % 2
         return f"<think>I work it out.</think>\nThe answer is \\boxed{{{gold}}}."
+    obqa = next((row for row in OBQA if f"Question: {row['question_stem']}" in prompt), None)
+    if obqa is not None:  # eval_environments/obqa_eval.py: a think block, then the letter in <answer> tags
+        letters = "ABCD"
+        letter = letters[(letters.index(obqa["answerKey"]) + (k + (obqa["question_stem"] in EVAL_MISSED)) % 2) % 4]
+        return f"<think>I weigh the options.</think>\n<answer>{letter}</answer>"
     record = next((r for p, r in PYDANTIC_RECORDS.items() if p in prompt), None)
     if record is not None:  # pydantic_schema_following_environment.py: the record (or one without `age`), formatted
         return "<think>I fill in the fields.</think>\n" + _structured(
@@ -344,17 +349,28 @@ def test_env_file_runs_under_atropos(file: str, root: Path, tokenizer: Path, sta
 
 
 # --- corpus3a: envs run through their own `evaluate` (`python FILE evaluate` / `atropos evaluate FILE`) ----------
-# file -> extra flags; both write the env's own metrics.json and results.jsonl under --env.data_dir_to_save_evals
-EVALS: dict[str, list[str]] = {
-    "eval_environments/gsm8k_eval.py": ["--env.dataset_name", "atropos-corpus/gsm8k-eval"],
+# file -> (extra flags, the files both write under --env.data_dir_to_save_evals, the accuracy metric's key)
+EVALS: dict[str, tuple[list[str], tuple[str, ...], str]] = {
+    # its own save_eval_results: metrics.json, results.jsonl
+    "eval_environments/gsm8k_eval.py": (
+        ["--env.dataset_name", "atropos-corpus/gsm8k-eval"],
+        ("metrics.json", "results.jsonl"),
+        "accuracy",
+    ),
+    # BaseEnv.evaluate_log: metrics.json in lighteval's layout (timings left out of the comparison), samples.jsonl
+    # (its setup fails on the default thinking prompt, None, under atroposlib and ours alike: it is given one)
+    "eval_environments/obqa_eval.py": (
+        ["--env.custom_thinking_prompt", "Think first, inside <think> </think> tags."],
+        ("metrics.json", "samples.jsonl"),
+        "eval/accuracy",
+    ),
 }
-EVAL_FILES = ("metrics.json", "results.jsonl")
 
 
 def eval_flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
     common = ["--env.data_dir_to_save_evals", str(out / "evals"), "--env.use_wandb", "false"]
     common += ["--env.tokenizer_name", str(tokenizer), "--openai.base_url", base_url, "--openai.api_key", "x"]
-    return [*common, "--openai.model_name", "fake-model", *EVALS[file]]
+    return [*common, "--openai.model_name", "fake-model", *EVALS[file][0]]
 
 
 @pytest.fixture(scope="module")
@@ -387,9 +403,24 @@ def test_env_file_evaluate_matches_atroposlib(
     code, output = evaluate_ours(root, file, tokenizer, tmp_path)
     reference, ref_evals = reference_evals[file]
     assert reference is not None and reference["ok"] and code == 0, f"atroposlib: {reference}\nours: {output}"
-    for name in EVAL_FILES:
-        ours, theirs = (tmp_path / "evals" / name).read_text(), (ref_evals / name).read_text()
+    _, files, accuracy_key = EVALS[file]
+    for name in files:
+        ours, theirs = _untimed((tmp_path / "evals" / name).read_text()), _untimed((ref_evals / name).read_text())
         assert ours == theirs, f"{name} differs:\nours {ours[:1500]}\natroposlib {theirs[:1500]}"
     metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
-    assert 0 < metrics["accuracy"] < 1, f"the fake answered right and wrong, yet accuracy is {metrics['accuracy']}"
+    accuracy = metrics.get("results", {}).get("all", metrics)[accuracy_key]
+    assert 0 < accuracy < 1, f"the fake answered right and wrong, yet the accuracy is {accuracy}"
     assert "own evaluate()" in output, output
+
+
+def _untimed(text: str) -> Any:
+    """A metrics/results file without what differs from run to run: timings (`*time*` keys, at any depth)."""
+
+    def drop(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop(v) for k, v in value.items() if "time" not in k}
+        return [drop(v) for v in value] if isinstance(value, list) else value
+
+    if text.lstrip().startswith("{") and "\n{" not in text.strip():
+        return drop(json.loads(text))
+    return [drop(json.loads(line)) for line in text.splitlines() if line.strip()]
