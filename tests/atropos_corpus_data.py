@@ -214,6 +214,11 @@ PYDANTIC = [
     }
     for i, prompt in enumerate(PYDANTIC_RECORDS)
 ]
+# answer_format_environment.py (its dataset_configs set to this one alone): questions the format is asked for
+ANSWER_FORMAT = [
+    {"prompt": f"Name a colour of the {thing}.", "answer": colour}
+    for thing, colour in (("sky", "blue"), ("grass", "green"), ("snow", "white"), ("coal", "black"))
+]
 STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
@@ -223,6 +228,7 @@ STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("atropos-corpus/gsm8k-eval", None): EVAL_GSM8K,
     ("justus27/pydantic-adherance-test", None): PYDANTIC,
     ("allenai/openbookqa", "main"): OBQA,
+    ("atropos-corpus/answer-format", None): ANSWER_FORMAT,
 }
 STANDINS.update(STANDINS_3A)
 

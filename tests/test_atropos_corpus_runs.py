@@ -71,8 +71,19 @@ RUNS_3A: dict[str, tuple[list[str], int]] = {
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
         2,
     ),
+    # one answer format of its 60 (the fake writes <answer> tags) and one dataset: lists, so given in a YAML config
+    # (neither CLI takes a list flag)
+    "answer_format_environment/answer_format_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024", "--config", str(CACHE / "xml_only.yaml")],
+        2,
+    ),
 }
 RUNS.update(RUNS_3A)
+CACHE.mkdir(parents=True, exist_ok=True)
+(CACHE / "xml_only.yaml").write_text(  # answer_format_environment.py: one format, one (stand-in) dataset
+    "env:\n  supported_formats: [xml]\n  dataset_configs:\n  - {name: atropos-corpus/answer-format, split: train, "
+    "prompt_field: prompt, answer_field: answer, dataset_type: generic}\n"
+)
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
 # tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
@@ -156,6 +167,8 @@ def _corpus_answer_3a(prompt: str, k: int) -> str | None:
         letters = "ABCD"
         letter = letters[(letters.index(obqa["answerKey"]) + (k + (obqa["question_stem"] in EVAL_MISSED)) % 2) % 4]
         return f"<think>I weigh the options.</think>\n<answer>{letter}</answer>"
+    if "answer enclosed in <answer></answer> tags EXACTLY ONCE" in prompt:  # answer_format_environment.py's XML
+        return "<think>I answer in the format asked.</think>\n<answer>42</answer>" if k % 2 == 0 else "42"
     record = next((r for p, r in PYDANTIC_RECORDS.items() if p in prompt), None)
     if record is not None:  # pydantic_schema_following_environment.py: the record (or one without `age`), formatted
         return "<think>I fill in the fields.</think>\n" + _structured(
