@@ -10,6 +10,7 @@ RUNS lists the files run so far and the flags each needs. Files tried and not ru
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import random
@@ -73,6 +74,8 @@ RUNS_3A: dict[str, tuple[list[str], int]] = {
     ),
     # one answer format of its 60 (the fake writes <answer> tags) and one dataset: lists, so given in a YAML config
     # (neither CLI takes a list flag)
+    # hand-written problems (no dataset): the fake answers a regex of the strings that should match, or none
+    "community/regex_generation/regex_env.py": ([*VLLM, "--env.group_size", "4"], 2),
     "answer_format_environment/answer_format_environment.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024", "--config", str(CACHE / "xml_only.yaml")],
         2,
@@ -97,6 +100,7 @@ NOT_RUN = {
     "math_server_zero.py": "its score needs '</answer>' in the text, yet it asks the server to stop at '</answer>' "
     "(stop strings are cut, as vLLM does): every answer scores -1, every group is dropped, and atroposlib's process "
     "loop retries forever (18,000 requests in 20 s)",
+    "sft_loader_server.py": "imports OpenaiConfig, which atroposlib 0.4.0 lacks: it does not import there",
     "infinimath/infinimath_env.py": "needs mathgenerator (not in atropos[atroposlib]); under atroposlib `python FILE "
     "process` fails at its relative import (`from .curriculum import`)",
 }
@@ -167,6 +171,11 @@ def _corpus_answer_3a(prompt: str, k: int) -> str | None:
         letters = "ABCD"
         letter = letters[(letters.index(obqa["answerKey"]) + (k + (obqa["question_stem"] in EVAL_MISSED)) % 2) % 4]
         return f"<think>I weigh the options.</think>\n<answer>{letter}</answer>"
+    should = re.search(r"Strings that SHOULD match:\n((?:  - .*\n)+)", prompt)
+    if should:  # community/regex_generation: the alternation of the strings that should match, or no answer
+        strings = [ast.literal_eval(line.strip()[2:]) for line in should[1].splitlines()]
+        regex = "|".join(re.escape(text) for text in strings)
+        return f"<think>I list them.</think>\n<answer>(?:{regex})</answer>" if k % 2 == 0 else "<think>Hmm.</think>"
     if "answer enclosed in <answer></answer> tags EXACTLY ONCE" in prompt:  # answer_format_environment.py's XML
         return "<think>I answer in the format asked.</think>\n<answer>42</answer>" if k % 2 == 0 else "42"
     record = next((r for p, r in PYDANTIC_RECORDS.items() if p in prompt), None)
