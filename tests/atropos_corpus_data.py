@@ -219,6 +219,13 @@ ANSWER_FORMAT = [
     {"prompt": f"Name a colour of the {thing}.", "answer": colour}
     for thing, colour in (("sky", "blue"), ("grass", "green"), ("snow", "white"), ("coal", "black"))
 ]
+# community/sql_query_env: WikiSQL (it downloads a tarball; here its cache folder holds stand-in files), one table;
+# each question -> (a query that answers it, one that does not)
+WIKISQL_TABLE = {"id": "t1", "header": ["Name", "Age"], "rows": [["Ann", 31], ["Bob", 42], ["Cy", 27], ["Di", 35]]}
+SQL_ANSWERS = {
+    f"How old is {name}?": (f"SELECT Age FROM data WHERE Name = '{name}'", "SELECT Age FROM data WHERE Name = 'Zed'")
+    for name, _ in WIKISQL_TABLE["rows"]
+}
 STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
@@ -262,11 +269,31 @@ def _nltk_words() -> None:
         nltk.data.path.insert(0, root)
 
 
+def _wikisql() -> None:
+    """WikiSQL's files (its loader's cache layout) holding WIKISQL_TABLE's questions, named by WIKISQL_CACHE_DIR."""
+    import os
+
+    root = os.path.join(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"), "wikisql")
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    questions = [
+        {"question": f"How old is {name}?", "table_id": "t1", "sql": {"sel": 1, "agg": 0, "conds": [[0, 0, name]]}}
+        for name, _ in WIKISQL_TABLE["rows"]
+    ]
+    for split in ("train", "dev", "test"):
+        with open(os.path.join(root, "data", f"{split}.jsonl"), "w") as f:
+            f.write("".join(json.dumps(q) + "\n" for q in questions))
+        with open(os.path.join(root, "data", f"{split}.tables.jsonl"), "w") as f:
+            f.write(json.dumps(WIKISQL_TABLE) + "\n")
+        open(os.path.join(root, "data", f"{split}.db"), "w").close()  # the loader checks these exist
+    os.environ["WIKISQL_CACHE_DIR"] = root
+
+
 def install() -> None:
     """Patch `datasets.load_dataset` (and the name env files import from it) to serve the stand-ins."""
     import datasets
 
     _nltk_words()
+    _wikisql()
 
     original = datasets.load_dataset
 

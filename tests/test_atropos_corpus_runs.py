@@ -23,7 +23,17 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import EVAL_GSM8K, EVAL_MISSED, GSM8K, IFEVAL_ANSWERS, MCQA, OBQA, PYDANTIC_RECORDS, install
+from atropos_corpus_data import (
+    EVAL_GSM8K,
+    EVAL_MISSED,
+    GSM8K,
+    IFEVAL_ANSWERS,
+    MCQA,
+    OBQA,
+    PYDANTIC_RECORDS,
+    SQL_ANSWERS,
+    install,
+)
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -76,6 +86,7 @@ RUNS_3A: dict[str, tuple[list[str], int]] = {
     # (neither CLI takes a list flag)
     # hand-written problems (no dataset): the fake answers a regex of the strings that should match, or none
     "community/regex_generation/regex_env.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "community/sql_query_env/sql_query_env.py": ([*VLLM, "--env.group_size", "4"], 2),
     "answer_format_environment/answer_format_environment.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024", "--config", str(CACHE / "xml_only.yaml")],
         2,
@@ -171,6 +182,9 @@ def _corpus_answer_3a(prompt: str, k: int) -> str | None:
         letters = "ABCD"
         letter = letters[(letters.index(obqa["answerKey"]) + (k + (obqa["question_stem"] in EVAL_MISSED)) % 2) % 4]
         return f"<think>I weigh the options.</think>\n<answer>{letter}</answer>"
+    question = next((q for q in SQL_ANSWERS if f"Question: {q}" in prompt), None)
+    if question is not None:  # community/sql_query_env: a query in \boxed{} (run against the table by the env)
+        return f"<think>One lookup.</think>\n\\boxed{{{SQL_ANSWERS[question][k % 2]}}}"
     should = re.search(r"Strings that SHOULD match:\n((?:  - .*\n)+)", prompt)
     if should:  # community/regex_generation: the alternation of the strings that should match, or no answer
         strings = [ast.literal_eval(line.strip()[2:]) for line in should[1].splitlines()]
