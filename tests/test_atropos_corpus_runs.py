@@ -13,9 +13,12 @@ from __future__ import annotations
 import ast
 import json
 import os
+import queue
 import random
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -268,44 +271,97 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
 def reference_runs(
     root: Path, tokenizer: Path, out: Path, command: str, files: list[str], make_flags: Any
 ) -> dict[str, tuple[dict[str, Any] | None, Path]]:
-    """`python FILE COMMAND FLAGS` under atroposlib for each file, one after another, each against a fresh fake
-    server on DISCOVERED_PORT: its driver result and output folder (out/i), by file."""
+    """`python FILE COMMAND FLAGS` under atroposlib for each file, one after another in one interpreter (it imports
+    atroposlib once, 2 s of each file's 3.5), each against a fresh fake server on DISCOVERED_PORT: its driver
+    result (None: it crashed the driver or ran past 300 s) and output folder (out/i), by file."""
     if not reference_usable():
         pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
-    env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
-    env["ATROPOS_CORPUS_SEED"] = str(SEED)
-    driver = Path(__file__).parent / "atropos_reference_driver.py"
-    found = {}
-    for i, file in enumerate(files):
-        try:
-            server = FakeInferenceServer(CorpusRule(), tokenizer=str(tokenizer), port=DISCOVERED_PORT).start()
-        except Exception as exc:  # the port is taken on this machine
-            pytest.skip(f"atroposlib's discovered server port {DISCOVERED_PORT} is not free here: {exc}")
-        try:
-            job = {"env_file": str(root / "environments" / file), "out": str(out / str(i)), "command": command}
-            job["argv"] = make_flags(file, server.base_url, tokenizer, out / str(i))
-            (out / f"job{i}.json").write_text(json.dumps([job]))
-            done = subprocess.run(
-                [PYTHON, str(driver), str(out / f"job{i}.json")], capture_output=True, text=True, timeout=300, env=env
-            )
-            found[file] = ((_json_lines(done) or [None])[0], out / str(i))
-        finally:
-            stop_servers([server])
+    found: dict[str, tuple[dict[str, Any] | None, Path]] = {}
+    driver = None
+    try:
+        for i, file in enumerate(files):
+            driver = driver or _ReferenceDriver(out / f"driver{i}.stderr")
+            try:
+                server = FakeInferenceServer(CorpusRule(), tokenizer=str(tokenizer), port=DISCOVERED_PORT).start()
+            except Exception as exc:  # the port is taken on this machine
+                pytest.skip(f"atroposlib's discovered server port {DISCOVERED_PORT} is not free here: {exc}")
+            try:
+                job = {"env_file": str(root / "environments" / file), "out": str(out / str(i)), "command": command}
+                job["argv"] = make_flags(file, server.base_url, tokenizer, out / str(i))
+                result = driver.run(job, timeout_s=300)
+                found[file] = (result, out / str(i))
+            finally:
+                stop_servers([server])
+            if result is None:  # a hung or dead driver: the next file gets a fresh one
+                driver.close(wait_s=0)
+                driver = None
+    finally:
+        if driver is not None:
+            driver.close()
     return found
 
 
-def _json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    """The driver's result lines (env files print to stdout too, some of it JSON)."""
-    found = []
-    for line in done.stdout.splitlines():
+class _ReferenceDriver:
+    """tests/atropos_reference_driver.py in atroposlib's venv, fed one job at a time on stdin; its stdout read by a
+    thread (env files print there too), its stderr to a file."""
+
+    def __init__(self, stderr: Path) -> None:
+        env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+        env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
+        env["ATROPOS_CORPUS_SEED"] = str(SEED)
+        driver = Path(__file__).parent / "atropos_reference_driver.py"
+        self.stderr = stderr.open("w")
+        self.proc = subprocess.Popen(
+            [PYTHON, str(driver), "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+            text=True, env=env,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the driver exited
+
+    def run(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The job's result line, or None when the driver exits or `timeout_s` passes first."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                return None
+            result = _result_line(line)
+            if result is not None:
+                return result
+        return None
+
+    def close(self, wait_s: float = 30) -> None:
+        """End of input: the driver exits as `python FILE` would (its envs' worker pools shut down); killed if it
+        does not within `wait_s` (a hung job)."""
+        assert self.proc.stdin is not None
         try:
-            value = json.loads(line) if line.startswith('{"env_file"') else None
-        except ValueError:
-            continue
-        if isinstance(value, dict) and "ok" in value:
-            found.append(value)
-    return found
+            self.proc.stdin.close()
+            self.proc.wait(timeout=wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def _result_line(line: str) -> dict[str, Any] | None:
+    """A driver's result line, else None (env files print to stdout too, some of it JSON)."""
+    try:
+        value = json.loads(line) if line.startswith('{"env_file"') else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "ok" in value else None
 
 
 def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
