@@ -277,6 +277,7 @@ def reference_runs(
     if not reference_usable():
         pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
     found: dict[str, tuple[dict[str, Any] | None, Path]] = {}
+    out.mkdir(parents=True, exist_ok=True)
     driver = None
     try:
         for i, file in enumerate(files):
