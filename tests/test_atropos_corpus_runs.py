@@ -114,6 +114,9 @@ NOT_RUN = {
     "math_server_zero.py": "its score needs '</answer>' in the text, yet it asks the server to stop at '</answer>' "
     "(stop strings are cut, as vLLM does): every answer scores -1, every group is dropped, and atroposlib's process "
     "loop retries forever (18,000 requests in 20 s)",
+    "dataset_environment/dataset_env.py": "no config_init or env_config_cls: `python FILE process` knows only "
+    "BaseEnvConfig's flags, so its required dataset_name/prompt_field cannot be given (atroposlib exits 2, ours says "
+    "'unknown env option'); it runs through its own launcher",
     "sft_loader_server.py": "imports OpenaiConfig, which atroposlib 0.4.0 lacks: it does not import there",
     "infinimath/infinimath_env.py": "needs mathgenerator (not in atropos[atroposlib]); under atroposlib `python FILE "
     "process` fails at its relative import (`from .curriculum import`)",
