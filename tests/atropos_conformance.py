@@ -201,7 +201,11 @@ def comparable(group: dict[str, Any]) -> tuple[str, list[tuple[str, ...]]]:
         row = []
         for key in COMPARED:
             value = group.get(key)
-            row.append(json.dumps(value[i] if value else None))
+            item = value[i] if value else None
+            if key == "scores" and isinstance(item, int):  # atroposlib writes an env's int score (0) as given,
+                item = float(item)  # ours the typed float (0.0): the same score
+            row.append(json.dumps(item, sort_keys=True))  # key order is no part of a message (envs build them from
+            # frozensets, whose order changes with each interpreter's hash seed)
         rows.append(tuple(row))
     return json.dumps(group.get("group_overrides") or None, sort_keys=True), sorted(rows)
 

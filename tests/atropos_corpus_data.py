@@ -141,6 +141,105 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
 }
 
 
+# --- corpus3a: single-turn math, formats, evaluate ---
+# math_server.py / math_server_zero.py: DeepMath rows are gsm8k's questions (the fake answers them by question),
+# the answer without `\boxed{}`; its eval sets (loaded in setup) hold the same questions
+DEEPMATH = [{"question": r["question"], "final_answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+MATH_EVAL = [{"problem": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+AMC_EVAL = [{"question": r["question"], "answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
+# instruction_following_algorithm_environment.py: RLVR-IFeval rows (an instruction, its verifier as JSON); each
+# instruction -> (an answer that follows it, one that does not)
+IFEVAL_ANSWERS = {
+    "Describe the harbour at dawn. Include the keywords tide and shell.": (
+        "The tide rolls in over a pale shell.",
+        "The harbour is quiet and grey.",
+    ),
+    "Describe a forest walk in lowercase letters only.": ("the pines are tall and green.", "The Pines Are Tall."),
+    "Describe a market without using any commas.": ("the stalls sell bread and fish.", "bread, fish, and fruit."),
+    "Describe a river and finish with the exact phrase That is all.": ("It runs slow. That is all.", "It runs."),
+}
+_IFEVAL_CHECKS = [
+    {"func_name": "verify_keywords", "keyword_list": ["tide", "shell"]},
+    {"func_name": "validate_lowercase"},
+    {"func_name": "validate_no_commas"},
+    {"func_name": "validate_end", "end_phrase": "That is all."},
+]
+IFEVAL = [
+    {
+        "messages": [{"role": "user", "content": text}],
+        "ground_truth": json.dumps(check),
+        "constraint": check["func_name"],
+    }
+    for text, check in zip(IFEVAL_ANSWERS, _IFEVAL_CHECKS, strict=True)
+]
+# eval_environments/gsm8k_eval.py (`--env.dataset_name atropos-corpus/gsm8k-eval`): each question is asked once,
+# so the fake answers these right at first and EVAL_MISSED wrong at first
+EVAL_GSM8K = [
+    {"question": "Ann has 8 shells and finds 5 more. How many shells?", "answer": "8 + 5 = 13\n#### 13"},
+    {"question": "A crate holds 9 jars. How many jars are in 3 crates?", "answer": "9 * 3 = 27\n#### 27"},
+    {"question": "Ben had 15 coins and spent 6. How many are left?", "answer": "15 - 6 = 9\n#### 9"},
+    {"question": "Each of 4 kites has 2 tails. How many tails?", "answer": "4 * 2 = 8\n#### 8"},
+]
+# eval_environments/obqa_eval.py: four-choice questions, the gold letter in answerKey
+OBQA = [
+    {
+        "id": f"obqa-{i}",
+        "question_stem": stem,
+        "choices": {"text": ["sand", "water", "iron", "wood"], "label": ["A", "B", "C", "D"]},
+        "answerKey": key,
+    }
+    for i, (stem, key) in enumerate(
+        [
+            ("Which of these is wet?", "B"),
+            ("Which of these rusts?", "C"),
+            ("Which of these burns in a campfire?", "D"),
+            ("Which of these fills an hourglass?", "A"),
+        ]
+    )
+]
+EVAL_MISSED = {EVAL_GSM8K[1]["question"], EVAL_GSM8K[3]["question"], OBQA[0]["question_stem"], OBQA[2]["question_stem"]}
+# pydantic_schema_following_environment.py: a prompt, the pydantic model's code and name; PYDANTIC_RECORDS holds the
+# record each prompt asks for (the fake writes it in the format the system prompt names, or leaves `age` out)
+_PET = "class Pet(BaseModel):\n    name: str\n    age: int\n    species: Literal['cat', 'dog']\n"
+PYDANTIC_RECORDS = {
+    f"Write the Pet record for {name}, a {age}-year-old {species}.": {"name": name, "age": age, "species": species}
+    for name, age, species in (("Rex", 3, "dog"), ("Tom", 5, "cat"), ("Bo", 2, "dog"), ("Kit", 7, "cat"))
+}
+PYDANTIC = [
+    {
+        "problem_id": f"pet-{i}",
+        "task_type": "generation",
+        "prompt": prompt,
+        "verification_info": json.dumps({"pydantic_config": _PET, "model_name": "Pet"}),
+    }
+    for i, prompt in enumerate(PYDANTIC_RECORDS)
+]
+# answer_format_environment.py (its dataset_configs set to this one alone): questions the format is asked for
+ANSWER_FORMAT = [
+    {"prompt": f"Name a colour of the {thing}.", "answer": colour}
+    for thing, colour in (("sky", "blue"), ("grass", "green"), ("snow", "white"), ("coal", "black"))
+]
+# community/sql_query_env: WikiSQL (it downloads a tarball; here its cache folder holds stand-in files), one table;
+# each question -> (a query that answers it, one that does not)
+WIKISQL_TABLE = {"id": "t1", "header": ["Name", "Age"], "rows": [["Ann", 31], ["Bob", 42], ["Cy", 27], ["Di", 35]]}
+SQL_ANSWERS = {
+    f"How old is {name}?": (f"SELECT Age FROM data WHERE Name = '{name}'", "SELECT Age FROM data WHERE Name = 'Zed'")
+    for name, _ in WIKISQL_TABLE["rows"]
+}
+STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
+    ("zwhe99/DeepMath-103K", None): DEEPMATH,
+    ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
+    ("HuggingFaceH4/math-500", None): MATH_EVAL,
+    ("math-ai/amc23", None): AMC_EVAL,
+    ("allenai/RLVR-IFeval", None): IFEVAL,
+    ("atropos-corpus/gsm8k-eval", None): EVAL_GSM8K,
+    ("justus27/pydantic-adherance-test", None): PYDANTIC,
+    ("allenai/openbookqa", "main"): OBQA,
+    ("atropos-corpus/answer-format", None): ANSWER_FORMAT,
+}
+STANDINS.update(STANDINS_3A)
+
+
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
 
 
@@ -170,11 +269,31 @@ def _nltk_words() -> None:
         nltk.data.path.insert(0, root)
 
 
+def _wikisql() -> None:
+    """WikiSQL's files (its loader's cache layout) holding WIKISQL_TABLE's questions, named by WIKISQL_CACHE_DIR."""
+    import os
+
+    root = os.path.join(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"), "wikisql")
+    os.makedirs(os.path.join(root, "data"), exist_ok=True)
+    questions = [
+        {"question": f"How old is {name}?", "table_id": "t1", "sql": {"sel": 1, "agg": 0, "conds": [[0, 0, name]]}}
+        for name, _ in WIKISQL_TABLE["rows"]
+    ]
+    for split in ("train", "dev", "test"):
+        with open(os.path.join(root, "data", f"{split}.jsonl"), "w") as f:
+            f.write("".join(json.dumps(q) + "\n" for q in questions))
+        with open(os.path.join(root, "data", f"{split}.tables.jsonl"), "w") as f:
+            f.write(json.dumps(WIKISQL_TABLE) + "\n")
+        open(os.path.join(root, "data", f"{split}.db"), "w").close()  # the loader checks these exist
+    os.environ["WIKISQL_CACHE_DIR"] = root
+
+
 def install() -> None:
     """Patch `datasets.load_dataset` (and the name env files import from it) to serve the stand-ins."""
     import datasets
 
     _nltk_words()
+    _wikisql()
 
     original = datasets.load_dataset
 

@@ -10,10 +10,15 @@ RUNS lists the files run so far and the flags each needs. Files tried and not ru
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import queue
+import random
 import re
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +26,17 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import GSM8K, MCQA, install
+from atropos_corpus_data import (
+    EVAL_GSM8K,
+    EVAL_MISSED,
+    GSM8K,
+    IFEVAL_ANSWERS,
+    MCQA,
+    OBQA,
+    PYDANTIC_RECORDS,
+    SQL_ANSWERS,
+    install,
+)
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -59,6 +74,33 @@ RUNS: dict[str, tuple[list[str], int]] = {
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
 }
+# corpus3a: single-turn math, instruction following and formats, an env's `evaluate`
+RUNS_3A: dict[str, tuple[list[str], int]] = {
+    "math_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
+    "instruction_following_algorithm_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
+        2,
+    ),
+    "pydantic_schema_following_environment/pydantic_schema_following_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
+        2,
+    ),
+    # one answer format of its 60 (the fake writes <answer> tags) and one dataset: lists, so given in a YAML config
+    # (neither CLI takes a list flag)
+    # hand-written problems (no dataset): the fake answers a regex of the strings that should match, or none
+    "community/regex_generation/regex_env.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "community/sql_query_env/sql_query_env.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "answer_format_environment/answer_format_environment.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024", "--config", str(CACHE / "xml_only.yaml")],
+        2,
+    ),
+}
+RUNS.update(RUNS_3A)
+CACHE.mkdir(parents=True, exist_ok=True)
+(CACHE / "xml_only.yaml").write_text(  # answer_format_environment.py: one format, one (stand-in) dataset
+    "env:\n  supported_formats: [xml]\n  dataset_configs:\n  - {name: atropos-corpus/answer-format, split: train, "
+    "prompt_field: prompt, answer_field: answer, dataset_type: generic}\n"
+)
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
 # tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
@@ -69,9 +111,15 @@ NOT_RUN = {
     "reasoning_gym_environment/reasoning_gym_environment.py": "the fake server cannot answer its generated tasks "
     "right (a lookup of each task's first items by seed missed): under atroposlib every group is equal-scored and "
     "dropped, ~1,700 groups (50 s) before two mixed ones; too slow and chancy for CI",
-    "math_server_zero.py": "under atroposlib (ATROPOS_ALLOW_DUMMY_MANAGED_SERVER) it dropped every group the fake "
-    "answered (' ...</think> <answer>\\\\boxed{N}</answer>', right and wrong): 18,000 requests in 20 s, none kept; "
-    "the cause is not found yet",
+    "math_server_zero.py": "its score needs '</answer>' in the text, yet it asks the server to stop at '</answer>' "
+    "(stop strings are cut, as vLLM does): every answer scores -1, every group is dropped, and atroposlib's process "
+    "loop retries forever (18,000 requests in 20 s)",
+    "dataset_environment/dataset_env.py": "no config_init or env_config_cls: `python FILE process` knows only "
+    "BaseEnvConfig's flags, so its required dataset_name/prompt_field cannot be given (atroposlib exits 2, ours says "
+    "'unknown env option'); it runs through its own launcher",
+    "sft_loader_server.py": "imports OpenaiConfig, which atroposlib 0.4.0 lacks: it does not import there",
+    "infinimath/infinimath_env.py": "needs mathgenerator (not in atropos[atroposlib]); under atroposlib `python FILE "
+    "process` fails at its relative import (`from .curriculum import`)",
 }
 _GOLD = {row["question"]: row["answer"].split("#")[-1].strip() for row in GSM8K}
 _LETTER = {row["prompt"].split("\n")[0]: row["ground_truth"] for row in MCQA}
@@ -126,7 +174,54 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
-    return f"I do not know this one, sorry ({k})."
+    return _corpus_answer_3a(prompt, k) or f"I do not know this one, sorry ({k})."
+
+
+def _corpus_answer_3a(prompt: str, k: int) -> str | None:
+    """corpus3a's envs: instruction following and formats, the eval envs."""
+    question = next((row for row in EVAL_GSM8K if row["question"] in prompt), None)
+    if question is not None:  # eval_environments/gsm8k_eval.py: a think block, then \boxed{N}
+        gold = int(question["answer"].split("#")[-1]) + (k + (question["question"] in EVAL_MISSED)) % 2
+        return f"<think>I work it out.</think>\nThe answer is \\boxed{{{gold}}}."
+    obqa = next((row for row in OBQA if f"Question: {row['question_stem']}" in prompt), None)
+    if obqa is not None:  # eval_environments/obqa_eval.py: a think block, then the letter in <answer> tags
+        letters = "ABCD"
+        letter = letters[(letters.index(obqa["answerKey"]) + (k + (obqa["question_stem"] in EVAL_MISSED)) % 2) % 4]
+        return f"<think>I weigh the options.</think>\n<answer>{letter}</answer>"
+    question = next((q for q in SQL_ANSWERS if f"Question: {q}" in prompt), None)
+    if question is not None:  # community/sql_query_env: a query in \boxed{} (run against the table by the env)
+        return f"<think>One lookup.</think>\n\\boxed{{{SQL_ANSWERS[question][k % 2]}}}"
+    should = re.search(r"Strings that SHOULD match:\n((?:  - .*\n)+)", prompt)
+    if should:  # community/regex_generation: the alternation of the strings that should match, or no answer
+        strings = [ast.literal_eval(line.strip()[2:]) for line in should[1].splitlines()]
+        regex = "|".join(re.escape(text) for text in strings)
+        return f"<think>I list them.</think>\n<answer>(?:{regex})</answer>" if k % 2 == 0 else "<think>Hmm.</think>"
+    if "answer enclosed in <answer></answer> tags EXACTLY ONCE" in prompt:  # answer_format_environment.py's XML
+        return "<think>I answer in the format asked.</think>\n<answer>42</answer>" if k % 2 == 0 else "42"
+    record = next((r for p, r in PYDANTIC_RECORDS.items() if p in prompt), None)
+    if record is not None:  # pydantic_schema_following_environment.py: the record (or one without `age`), formatted
+        return "<think>I fill in the fields.</think>\n" + _structured(
+            prompt, record if k % 2 == 0 else {**record, "age": None}
+        )
+    instruction = next((i for i in IFEVAL_ANSWERS if i in prompt), None)
+    if instruction is not None:  # instruction_following_algorithm_environment.py: one think block, then the text
+        return f"<think>I follow the instruction.</think>\n{IFEVAL_ANSWERS[instruction][k % 2]}"
+    return None
+
+
+def _structured(prompt: str, record: dict[str, Any]) -> str:
+    """`record` (no None values) in the format and container a pydantic_schema_following system prompt asks for."""
+    kind = re.search(r"structured data in (JSON|YAML|TOML|XML) format", prompt)[1].lower()  # type: ignore[index]
+    fields = {key: value for key, value in record.items() if value is not None}
+    if kind == "json":
+        text = json.dumps(fields)
+    elif kind == "xml":
+        text = "<Pet>" + "".join(f"<{key}>{value}</{key}>" for key, value in fields.items()) + "</Pet>"
+    else:  # YAML and TOML both read JSON's scalars
+        text = "\n".join(f"{key}{':' if kind == 'yaml' else ' ='} {json.dumps(value)}" for key, value in fields.items())
+    if f"<{kind}_output>" in prompt:
+        return f"<{kind}_output>\n{text}\n</{kind}_output>"
+    return f"```{kind}\n{text}\n```" if "markdown code block" in prompt else text
 
 
 def CorpusRule() -> ConformanceRule:  # noqa: N802 - a rule factory, used like the class it returns
@@ -173,43 +268,104 @@ def reference_groups(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempP
     atroposlib 0.4.0 ignores the `base_url` of a lone APIServerConfig (what these files' config_init return)
     and discovers servers at localhost:9004-9007, so each file runs against a fresh fake server on port 9004.
     """
+    return reference_runs(root, tokenizer, tmp_path_factory.mktemp("reference"), "process", sorted(RUNS), flags)
+
+
+def reference_runs(
+    root: Path, tokenizer: Path, out: Path, command: str, files: list[str], make_flags: Any
+) -> dict[str, tuple[dict[str, Any] | None, Path]]:
+    """`python FILE COMMAND FLAGS` under atroposlib for each file, one after another in one interpreter (it imports
+    atroposlib once, 2 s of each file's 3.5), each against a fresh fake server on DISCOVERED_PORT: its driver
+    result (None: it crashed the driver or ran past 300 s) and output folder (out/i), by file."""
     if not reference_usable():
         pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
-    out = tmp_path_factory.mktemp("reference")
-    env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
-    env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
-    env["ATROPOS_CORPUS_SEED"] = str(SEED)
-    driver = Path(__file__).parent / "atropos_reference_driver.py"
-    found = {}
-    for i, file in enumerate(sorted(RUNS)):
-        try:
-            server = FakeInferenceServer(CorpusRule(), tokenizer=str(tokenizer), port=DISCOVERED_PORT).start()
-        except Exception as exc:  # the port is taken on this machine
-            pytest.skip(f"atroposlib's discovered server port {DISCOVERED_PORT} is not free here: {exc}")
-        try:
-            job = {"env_file": str(root / "environments" / file), "out": str(out / str(i))}
-            job["argv"] = flags(file, server.base_url, tokenizer, out / str(i))
-            (out / f"job{i}.json").write_text(json.dumps([job]))
-            done = subprocess.run(
-                [PYTHON, str(driver), str(out / f"job{i}.json")], capture_output=True, text=True, timeout=300, env=env
-            )
-            found[file] = ((_json_lines(done) or [None])[0], out / str(i))
-        finally:
-            stop_servers([server])
+    found: dict[str, tuple[dict[str, Any] | None, Path]] = {}
+    out.mkdir(parents=True, exist_ok=True)
+    driver = None
+    try:
+        for i, file in enumerate(files):
+            driver = driver or _ReferenceDriver(out / f"driver{i}.stderr")
+            try:
+                server = FakeInferenceServer(CorpusRule(), tokenizer=str(tokenizer), port=DISCOVERED_PORT).start()
+            except Exception as exc:  # the port is taken on this machine
+                pytest.skip(f"atroposlib's discovered server port {DISCOVERED_PORT} is not free here: {exc}")
+            try:
+                job = {"env_file": str(root / "environments" / file), "out": str(out / str(i)), "command": command}
+                job["argv"] = make_flags(file, server.base_url, tokenizer, out / str(i))
+                result = driver.run(job, timeout_s=300)
+                found[file] = (result, out / str(i))
+            finally:
+                stop_servers([server])
+            if result is None:  # a hung or dead driver: the next file gets a fresh one
+                driver.close(wait_s=0)
+                driver = None
+    finally:
+        if driver is not None:
+            driver.close()
     return found
 
 
-def _json_lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, Any]]:
-    """The driver's result lines (env files print to stdout too, some of it JSON)."""
-    found = []
-    for line in done.stdout.splitlines():
+class _ReferenceDriver:
+    """tests/atropos_reference_driver.py in atroposlib's venv, fed one job at a time on stdin; its stdout read by a
+    thread (env files print there too), its stderr to a file."""
+
+    def __init__(self, stderr: Path) -> None:
+        env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
+        env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
+        env["ATROPOS_CORPUS_SEED"] = str(SEED)
+        driver = Path(__file__).parent / "atropos_reference_driver.py"
+        self.stderr = stderr.open("w")
+        self.proc = subprocess.Popen(
+            [PYTHON, str(driver), "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
+            text=True, env=env,
+        )  # fmt: skip
+        self.lines: queue.Queue[str | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)  # the driver exited
+
+    def run(self, job: dict[str, Any], timeout_s: float) -> dict[str, Any] | None:
+        """The job's result line, or None when the driver exits or `timeout_s` passes first."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        deadline = time.monotonic() + timeout_s
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                return None
+            result = _result_line(line)
+            if result is not None:
+                return result
+        return None
+
+    def close(self, wait_s: float = 30) -> None:
+        """End of input: the driver exits as `python FILE` would (its envs' worker pools shut down); killed if it
+        does not within `wait_s` (a hung job)."""
+        assert self.proc.stdin is not None
         try:
-            value = json.loads(line) if line.startswith('{"env_file"') else None
-        except ValueError:
-            continue
-        if isinstance(value, dict) and "ok" in value:
-            found.append(value)
-    return found
+            self.proc.stdin.close()
+            self.proc.wait(timeout=wait_s)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+
+
+def _result_line(line: str) -> dict[str, Any] | None:
+    """A driver's result line, else None (env files print to stdout too, some of it JSON)."""
+    try:
+        value = json.loads(line) if line.startswith('{"env_file"') else None
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) and "ok" in value else None
 
 
 def run_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str, list[dict]]:
@@ -286,3 +442,81 @@ def test_env_file_runs_under_atropos(file: str, root: Path, tokenizer: Path, sta
     code, output, groups = run_ours(root, file, tokenizer, tmp_path)
     assert code == 0, output
     assert len(groups) == RUNS[file][1] and all(re.search(r"\d", json.dumps(g["scores"])) for g in groups)
+
+
+# --- corpus3a: envs run through their own `evaluate` (`python FILE evaluate` / `atropos evaluate FILE`) ----------
+# file -> (extra flags, the files both write under --env.data_dir_to_save_evals, the accuracy metric's key)
+EVALS: dict[str, tuple[list[str], tuple[str, ...], str]] = {
+    # its own save_eval_results: metrics.json, results.jsonl
+    "eval_environments/gsm8k_eval.py": (
+        ["--env.dataset_name", "atropos-corpus/gsm8k-eval"],
+        ("metrics.json", "results.jsonl"),
+        "accuracy",
+    ),
+    # BaseEnv.evaluate_log: metrics.json in lighteval's layout (timings left out of the comparison), samples.jsonl
+    # (its setup fails on the default thinking prompt, None, under atroposlib and ours alike: it is given one)
+    "eval_environments/obqa_eval.py": (
+        ["--env.custom_thinking_prompt", "Think first, inside <think> </think> tags."],
+        ("metrics.json", "samples.jsonl"),
+        "eval/accuracy",
+    ),
+}
+
+
+def eval_flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
+    common = ["--env.data_dir_to_save_evals", str(out / "evals"), "--env.use_wandb", "false"]
+    common += ["--env.tokenizer_name", str(tokenizer), "--openai.base_url", base_url, "--openai.api_key", "x"]
+    return [*common, "--openai.model_name", "fake-model", *EVALS[file][0]]
+
+
+@pytest.fixture(scope="module")
+def reference_evals(root: Path, tokenizer: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """Every file in EVALS as `python FILE evaluate` under atroposlib 0.4.0: its driver result and evals folder."""
+    found = reference_runs(root, tokenizer, tmp_path_factory.mktemp("evals"), "evaluate", sorted(EVALS), eval_flags)
+    return {file: (result, folder / "evals") for file, (result, folder) in found.items()}
+
+
+def evaluate_ours(root: Path, file: str, tokenizer: Path, out: Path) -> tuple[int, str]:
+    """`atropos evaluate FILE ...` through our Typer app in this process, against a fresh fake server."""
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    (server,) = start_servers(tokenizer, 1)
+    try:
+        random.seed(SEED)
+        args = ["evaluate", str(root / "environments" / file), "--out", str(out / "run")]
+        result = CliRunner().invoke(app, [*args, *eval_flags(file, server.base_url, tokenizer, out)])
+    finally:
+        stop_servers([server])
+    return result.exit_code, result.output
+
+
+@pytest.mark.parametrize("file", sorted(EVALS))
+def test_env_file_evaluate_matches_atroposlib(
+    file: str, root: Path, tokenizer: Path, reference_evals: dict, standins: None, tmp_path: Path
+) -> None:
+    code, output = evaluate_ours(root, file, tokenizer, tmp_path)
+    reference, ref_evals = reference_evals[file]
+    assert reference is not None and reference["ok"] and code == 0, f"atroposlib: {reference}\nours: {output}"
+    _, files, accuracy_key = EVALS[file]
+    for name in files:
+        ours, theirs = _untimed((tmp_path / "evals" / name).read_text()), _untimed((ref_evals / name).read_text())
+        assert ours == theirs, f"{name} differs:\nours {ours[:1500]}\natroposlib {theirs[:1500]}"
+    metrics = json.loads((tmp_path / "evals" / "metrics.json").read_text())
+    accuracy = metrics.get("results", {}).get("all", metrics)[accuracy_key]
+    assert 0 < accuracy < 1, f"the fake answered right and wrong, yet the accuracy is {accuracy}"
+    assert "own evaluate()" in output, output
+
+
+def _untimed(text: str) -> Any:
+    """A metrics/results file without what differs from run to run: timings (`*time*` keys, at any depth)."""
+
+    def drop(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: drop(v) for k, v in value.items() if "time" not in k}
+        return [drop(v) for v in value] if isinstance(value, list) else value
+
+    if text.lstrip().startswith("{") and "\n{" not in text.strip():
+        return drop(json.loads(text))
+    return [drop(json.loads(line)) for line in text.splitlines() if line.strip()]

@@ -354,3 +354,20 @@ def test_failures_in_env_code_are_one_line_with_file_and_line(fake_server, tmp_p
         result.output.split()
     )
     assert "Traceback" not in result.output
+
+
+def test_the_env_tokenizer_applies_chat_templates_as_transformers_4_does(tokenizer) -> None:
+    """atroposlib env files take `len(self.tokenizer.apply_chat_template(chat, add_generation_prompt=True))` as the
+    prompt's token count (math_server.py's `max_tokens`): ids, not transformers 5's BatchEncoding, here too."""
+    from atropos_cli.compat.atroposlib.envs.base import BaseEnv, BaseEnvConfig, ServerBaseline
+
+    chat = [{"role": "user", "content": "What is 2 + 3?"}]
+    ids = tokenizer.encode(tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
+    env = BaseEnv(BaseEnvConfig(tokenizer_name=TOKENIZER, use_wandb=False), ServerBaseline())
+    assert env.tokenizer.apply_chat_template(chat, add_generation_prompt=True) == ids
+    asked = env.tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)
+    assert list(asked["input_ids"]) == ids
+    text = tokenizer.apply_chat_template(chat, tokenize=False)
+    assert env.tokenizer.apply_chat_template(chat, tokenize=False) == text
+    env.tokenizer = tokenizer  # one the env loads itself gets the same defaults
+    assert env.tokenizer.apply_chat_template(chat, add_generation_prompt=True) == ids

@@ -188,6 +188,7 @@ def test_an_env_evaluate_override_adds_its_metrics(fake_server, tmp_path):
     metrics = json.loads((out / "metrics.json").read_text())["results"]["all"]
     assert metrics["custom_accuracy"] == 1.0 and metrics["num_items"] == 0
     assert "custom_accuracy" in result.output
+    assert "ran only_eval's own evaluate()" in result.output and "evaluated 0 items" not in result.output
 
 
 def test_evaluate_gsm8k_on_a_local_file(fake_server, tmp_path):

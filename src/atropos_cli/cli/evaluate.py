@@ -70,6 +70,9 @@ def evaluate_command(
         stats = _run_with_progress(loaded, paths, num_samples, concurrency, limit, skip, pass_threshold)
         _report(paths)
     _print_metrics(stats.document)
+    if stats.own_evaluate and not stats.items_total:  # the env evaluated itself: there were no items of ours
+        console.print(f"ran {loaded.env.name}'s own evaluate() in {stats.elapsed_s:.1f}s; wrote {paths.root}")
+        return
     console.print(
         f"evaluated {stats.items_total} items x {num_samples} samples in {stats.elapsed_s:.1f}s "
         f"({stats.counts.failed_rollouts} samples failed, {stats.items_resumed} items kept from before); "

@@ -95,6 +95,7 @@ class EvalStats:
     counts: RolloutCounts = field(default_factory=RolloutCounts)  # one group per item, one rollout per sample
     elapsed_s: float = 0.0
     document: dict[str, Any] = field(default_factory=dict)
+    own_evaluate: bool = False  # the env's own evaluate() ran (its metrics are merged in)
 
     @property
     def metrics(self) -> dict[str, Any]:
@@ -226,6 +227,7 @@ async def run_eval(
         await call_env(env, "setup", env.setup())
         custom_eval = has_custom_evaluate(env)
         custom = await call_env(env, "evaluate", env.evaluate()) if custom_eval else None
+        stats.own_evaluate = custom_eval
         no_items = not callable(getattr(env, "items", None))
         items = [] if (custom is not None or custom_eval) and no_items else eval_items(env, limit)
         todo = [(i, item) for i, item in enumerate(items) if i not in skip]

@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field
 from atropos_cli.compat.atroposlib.envs._logging import WandbHooks
 from atropos_cli.compat.atroposlib.envs._manager_flags import manager_kwargs
 from atropos_cli.compat.atroposlib.envs._records import EvalHandlingEnum, ScoredDataGroup, ScoredDataItem
+from atropos_cli.compat.atroposlib.envs._tokenizer import with_atroposlib_defaults
 from atropos_cli.compat.atroposlib.envs.server_handling.server_baseline import ReasoningConfig
 from atropos_cli.compat.atroposlib.envs.server_handling.server_manager import (
     APIServer,
@@ -123,10 +124,11 @@ class BaseEnv(WandbHooks, _OurBaseEnv):
         self.jsonl_writer = None
         self.process_mode = False
 
-    # -- the tokenizer is loaded eagerly, as in atroposlib, and env code may replace it -------------------
+    # -- the tokenizer is loaded eagerly, as in atroposlib, and env code may replace it; either way its
+    # apply_chat_template returns ids by default, as under the transformers 4 atroposlib runs on ------------
     @property
     def tokenizer(self) -> Any:
-        return _OurBaseEnv.tokenizer.fget(self)  # type: ignore[attr-defined]
+        return with_atroposlib_defaults(_OurBaseEnv.tokenizer.fget(self))  # type: ignore[attr-defined]
 
     @tokenizer.setter
     def tokenizer(self, value: Any) -> None:
