@@ -82,6 +82,32 @@ def clevr_rows() -> list[dict[str, Any]]:
     ]
 
 
+def _png(shade: int) -> Any:
+    from PIL import Image
+
+    return Image.new("RGB", (4, 4), (0, shade, 0))
+
+
+def clevr_complex_rows() -> list[dict[str, Any]]:
+    """clevr_complex.py's rows: a tiny image, a counting question, the bare count as the solution."""
+    return [{"image": _png(40 * n), "problem": f"Count the {n} cubes.", "solution": str(n)} for n in (1, 2, 3, 4)]
+
+
+def ocr_vqa_rows() -> list[dict[str, Any]]:
+    """ocr_vqa.py's rows: a tiny image (a book cover), questions and their answers (it asks the first)."""
+    return [
+        {"image": _png(50 * n), "questions": [f"Who wrote book number {n}?"], "answers": [f"Author {n}"]}
+        for n in (1, 2, 3, 4)
+    ]
+
+
+CLOCK_TIME = (3, 5)  # pixmo_clocks.py asks the same question of every image: every clock shows this time
+
+
+def clock_rows() -> list[dict[str, Any]]:
+    return [{"image": _png(60 * n), "hour": CLOCK_TIME[0], "minute": CLOCK_TIME[1]} for n in (1, 2, 3)]
+
+
 # fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
 FUNDAMENTALS = [
     {
@@ -142,6 +168,9 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
 
 
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
+BUILT[("MMInstruction/Clevr_CoGenT_TrainA_70K_Complex", None)] = clevr_complex_rows
+BUILT[("howard-hou/OCR-VQA", None)] = ocr_vqa_rows
+BUILT[("junyeong-nero/clock-dataset", None)] = clock_rows
 
 
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:

@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import GSM8K, MCQA, install
+from atropos_corpus_data import CLOCK_TIME, GSM8K, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -58,6 +58,10 @@ RUNS: dict[str, tuple[list[str], int]] = {
     ),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
+    # multimodal, scored in collect_trajectories: a count in \boxed{}, a book's author and a clock's time in <answer>
+    "multimodal_dpo/clevr_complex.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/ocr_vqa.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
@@ -126,6 +130,12 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
+    author = re.search(r"Who wrote book number (\d+)\?", prompt)
+    if author:  # ocr_vqa.py: the author in <answer> tags (the right one, or the next book's)
+        return f"I read the cover closely.\n<answer>Author {int(author[1]) + k % 2}</answer>"
+    if "What time does the clock show" in prompt:  # pixmo_clocks.py: H:MM in <answer> tags (right, or a minute on)
+        hour, minute = CLOCK_TIME
+        return f"I read both hands of the clock.\n<answer>{hour}:{minute + k % 2:02d}</answer>"
     return f"I do not know this one, sorry ({k})."
 
 
