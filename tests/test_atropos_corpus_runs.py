@@ -62,6 +62,8 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "multimodal_dpo/clevr_complex.py": ([*VLLM, "--env.group_size", "4"], 2),
     "multimodal_dpo/ocr_vqa.py": ([*VLLM, "--env.group_size", "4"], 2),
     "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
+    # an LLM judge (RLAIF, forward and swapped): the fake judges too, on WildChat's stand-in rows
+    "community/philosophical_rlaif_env.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "4096"], 2),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
@@ -96,6 +98,12 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = city[1] if k % 2 == 0 else "Atlantis"
         call = json.dumps({"name": "get_weather", "arguments": {"city": name}})
         return f"<think>The user wants the weather, so I call the tool.</think>\n<tool_call>\n{call}\n</tool_call>"
+    if "philosophical depth" in prompt:  # community/philosophical_rlaif_env.py's judge: it prefers "eldritch".
+        # Its parser, re.search(r"\boxed{(A|B)}"), reads `\b` as a word boundary: it never matches the "\boxed{A}"
+        # its prompt asks for, only "oxed{A}" after a non-word character, so the judge writes that too.
+        response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
+        choice = "A" if "eldritch" in response_a else "B"
+        return f"<think>I weigh both.</think>\n\\boxed{{{choice}}} (oxed{{{choice}}})"
     if "[Response A]" in prompt:  # rlaif_server.py's judge: it prefers the response that says "eldritch"
         response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
         return f"<think>I weigh both.</think>\n\\boxed{{{'A' if 'eldritch' in response_a else 'B'}}}"
