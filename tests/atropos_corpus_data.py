@@ -149,6 +149,11 @@ SEQUENTIAL = [
     }
 ] * 40
 
+# tool_use_interleaved_thinking.py: numeric answers (it keeps those) it checks a python_interpreter call against.
+# It picks rows with an unseeded Random and shuffles by os.urandom: every row is the same problem.
+INTERLEAVED_PROBLEM = ("What is 3 + 4?", "7")
+ACEREASON = [{"problem": INTERLEAVED_PROBLEM[0], "answer": INTERLEAVED_PROBLEM[1]}] * 60
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
@@ -165,6 +170,7 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ],
     ("NousResearch/TextReversalDataset", None): REVERSAL,
 }
+STANDINS[("nvidia/AceReason-Math", None)] = ACEREASON
 
 
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)

@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import CLOCK_TIME, GSM8K, MCQA, install
+from atropos_corpus_data import CLOCK_TIME, GSM8K, INTERLEAVED_PROBLEM, MCQA, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -64,6 +64,8 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
     # an LLM judge (RLAIF, forward and swapped): the fake judges too, on WildChat's stand-in rows
     "community/philosophical_rlaif_env.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "4096"], 2),
+    # tool calls inside the <think> block: completions stop at each call, the env runs its calculator, then resumes
+    "tool_use_interleaved_thinking.py": ([*VLLM, "--env.group_size", "4"], 2),
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
@@ -144,6 +146,14 @@ def corpus_answer(prompt: str, k: int) -> str:
     if "What time does the clock show" in prompt:  # pixmo_clocks.py: H:MM in <answer> tags (right, or a minute on)
         hour, minute = CLOCK_TIME
         return f"I read both hands of the clock.\n<answer>{hour}:{minute + k % 2:02d}</answer>"
+    if "you must use the python_interpreter or calculator tool call" in prompt:  # tool_use_interleaved_thinking.py
+        question, gold = INTERLEAVED_PROBLEM
+        if prompt.rstrip().endswith("</tool_response>"):  # after its calculator ran: close the think, the answer
+            return f"The calculator agrees.\n</think>\n\nSo the answer is \\boxed{{{gold}}}."
+        if k % 2 == 0:  # a calculator call inside the open <think> (the completion stops at "</tool_call>")
+            call = json.dumps({"name": "calculator", "arguments": {"expr": question[8:-1].replace(" ", "")}})
+            return f"<think>\nI add them with the calculator.\n<tool_call>{call}"
+        return f"<think>\nI guess.\n</think>\n\nThe answer is \\boxed{{{int(gold) + 1}}}."
     return f"I do not know this one, sorry ({k})."
 
 
