@@ -108,6 +108,46 @@ def clock_rows() -> list[dict[str, Any]]:
     return [{"image": _png(60 * n), "hour": CLOCK_TIME[0], "minute": CLOCK_TIME[1]} for n in (1, 2, 3)]
 
 
+# pixmo_count.py fetches each row's image by URL (requests.get): a local server serves stand-in PNGs
+PIXMO_COUNTS = {"apples": 1, "pears": 2, "plums": 3, "figs": 4}
+_image_server: list[str] = []  # the base URL of this process's image server, once started
+
+
+def _image_base_url() -> str:
+    """Start (once per process) a 127.0.0.1 server answering every GET with a tiny PNG; stopped at exit."""
+    if not _image_server:
+        import atexit
+        import io
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        buffer = io.BytesIO()
+        _png(90).save(buffer, format="PNG")
+        body = buffer.getvalue()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        atexit.register(server.shutdown)
+        _image_server.append(f"http://127.0.0.1:{server.server_address[1]}")
+    return _image_server[0]
+
+
+def pixmo_count_rows() -> list[dict[str, Any]]:
+    base = _image_base_url()
+    return [{"image_url": f"{base}/{label}.png", "label": label, "count": n} for label, n in PIXMO_COUNTS.items()]
+
+
 # fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
 FUNDAMENTALS = [
     {
@@ -177,6 +217,7 @@ BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built whe
 BUILT[("MMInstruction/Clevr_CoGenT_TrainA_70K_Complex", None)] = clevr_complex_rows
 BUILT[("howard-hou/OCR-VQA", None)] = ocr_vqa_rows
 BUILT[("junyeong-nero/clock-dataset", None)] = clock_rows
+BUILT[("allenai/pixmo-count", None)] = pixmo_count_rows
 
 
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:

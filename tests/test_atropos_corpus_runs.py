@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import CLOCK_TIME, GSM8K, INTERLEAVED_PROBLEM, MCQA, install
+from atropos_corpus_data import CLOCK_TIME, GSM8K, INTERLEAVED_PROBLEM, MCQA, PIXMO_COUNTS, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -62,6 +62,8 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "multimodal_dpo/clevr_complex.py": ([*VLLM, "--env.group_size", "4"], 2),
     "multimodal_dpo/ocr_vqa.py": ([*VLLM, "--env.group_size", "4"], 2),
     "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
+    # multimodal, its images fetched by URL (a local server the stand-in rows start)
+    "multimodal_dpo/pixmo_count.py": ([*VLLM, "--env.group_size", "4"], 2),
     # an LLM judge (RLAIF, forward and swapped): the fake judges too, on WildChat's stand-in rows
     "community/philosophical_rlaif_env.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "4096"], 2),
     # tool calls inside the <think> block: completions stop at each call, the env runs its calculator, then resumes
@@ -146,6 +148,9 @@ def corpus_answer(prompt: str, k: int) -> str:
     if "What time does the clock show" in prompt:  # pixmo_clocks.py: H:MM in <answer> tags (right, or a minute on)
         hour, minute = CLOCK_TIME
         return f"I read both hands of the clock.\n<answer>{hour}:{minute + k % 2:02d}</answer>"
+    fruit = re.search(r"how many (\w+) are in the image\?", prompt)
+    if fruit:  # pixmo_count.py: the count in <answer> tags (right, or one more)
+        return f"I count them one by one.\n<answer>{PIXMO_COUNTS[fruit[1]] + k % 2}</answer>"
     if "you must use the python_interpreter or calculator tool call" in prompt:  # tool_use_interleaved_thinking.py
         question, gold = INTERLEAVED_PROBLEM
         if prompt.rstrip().endswith("</tool_response>"):  # after its calculator ran: close the think, the answer
