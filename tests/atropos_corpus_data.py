@@ -148,6 +148,18 @@ def pixmo_count_rows() -> list[dict[str, Any]]:
     return [{"image_url": f"{base}/{label}.png", "label": label, "count": n} for label, n in PIXMO_COUNTS.items()]
 
 
+# pixmo_point_explanations.py: a question, its explanation (the first inline text), the image by URL
+POINTS = {
+    f"Where is marker {n} in the image?": f"marker {n} is in the {corner} corner"
+    for n, corner in ((1, "top left"), (2, "top right"), (3, "bottom left"))
+}
+
+
+def point_rows() -> list[dict[str, Any]]:
+    base = _image_base_url()
+    return [{"image_url": f"{base}/point.png", "question": q, "inline_text": [a]} for q, a in POINTS.items()]
+
+
 # fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
 FUNDAMENTALS = [
     {
@@ -218,6 +230,7 @@ BUILT[("MMInstruction/Clevr_CoGenT_TrainA_70K_Complex", None)] = clevr_complex_r
 BUILT[("howard-hou/OCR-VQA", None)] = ocr_vqa_rows
 BUILT[("junyeong-nero/clock-dataset", None)] = clock_rows
 BUILT[("allenai/pixmo-count", None)] = pixmo_count_rows
+BUILT[("allenai/pixmo-point-explanations", None)] = point_rows
 
 
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:

@@ -21,7 +21,7 @@ import pytest
 
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
-from atropos_corpus_data import CLOCK_TIME, GSM8K, INTERLEAVED_PROBLEM, MCQA, PIXMO_COUNTS, install
+from atropos_corpus_data import CLOCK_TIME, GSM8K, INTERLEAVED_PROBLEM, MCQA, PIXMO_COUNTS, POINTS, install
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -64,6 +64,7 @@ RUNS: dict[str, tuple[list[str], int]] = {
     "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
     # multimodal, its images fetched by URL (a local server the stand-in rows start)
     "multimodal_dpo/pixmo_count.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/pixmo_point_explanations.py": ([*VLLM, "--env.group_size", "4"], 2),
     # an LLM judge (RLAIF, forward and swapped): the fake judges too, on WildChat's stand-in rows
     "community/philosophical_rlaif_env.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "4096"], 2),
     # tool calls inside the <think> block: completions stop at each call, the env runs its calculator, then resumes
@@ -151,6 +152,9 @@ def corpus_answer(prompt: str, k: int) -> str:
     fruit = re.search(r"how many (\w+) are in the image\?", prompt)
     if fruit:  # pixmo_count.py: the count in <answer> tags (right, or one more)
         return f"I count them one by one.\n<answer>{PIXMO_COUNTS[fruit[1]] + k % 2}</answer>"
+    point = next((q for q in POINTS if q in prompt), None)
+    if point is not None:  # pixmo_point_explanations.py: the explanation in <answer> tags (right, or another's)
+        return f"I look at the picture.\n<answer>{POINTS[point] if k % 2 == 0 else 'it is not there'}</answer>"
     if "you must use the python_interpreter or calculator tool call" in prompt:  # tool_use_interleaved_thinking.py
         question, gold = INTERLEAVED_PROBLEM
         if prompt.rstrip().endswith("</tool_response>"):  # after its calculator ran: close the think, the answer
