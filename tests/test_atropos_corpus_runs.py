@@ -72,8 +72,9 @@ RUNS: dict[str, tuple[list[str], int]] = {
 }
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
-# tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
-# single-turn code, an env's `evaluate`, Atropos main's teacher distillation.
+# tried and not run, one line each (why). Kinds the issue names not tried yet: single-turn code
+# (code_execution_server/coding_server.py calls Modal at import), an env's `evaluate`, Atropos main's teacher
+# distillation.
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
