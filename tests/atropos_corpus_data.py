@@ -82,6 +82,84 @@ def clevr_rows() -> list[dict[str, Any]]:
     ]
 
 
+def _png(shade: int) -> Any:
+    from PIL import Image
+
+    return Image.new("RGB", (4, 4), (0, shade, 0))
+
+
+def clevr_complex_rows() -> list[dict[str, Any]]:
+    """clevr_complex.py's rows: a tiny image, a counting question, the bare count as the solution."""
+    return [{"image": _png(40 * n), "problem": f"Count the {n} cubes.", "solution": str(n)} for n in (1, 2, 3, 4)]
+
+
+def ocr_vqa_rows() -> list[dict[str, Any]]:
+    """ocr_vqa.py's rows: a tiny image (a book cover), questions and their answers (it asks the first)."""
+    return [
+        {"image": _png(50 * n), "questions": [f"Who wrote book number {n}?"], "answers": [f"Author {n}"]}
+        for n in (1, 2, 3, 4)
+    ]
+
+
+CLOCK_TIME = (3, 5)  # pixmo_clocks.py asks the same question of every image: every clock shows this time
+
+
+def clock_rows() -> list[dict[str, Any]]:
+    return [{"image": _png(60 * n), "hour": CLOCK_TIME[0], "minute": CLOCK_TIME[1]} for n in (1, 2, 3)]
+
+
+# pixmo_count.py fetches each row's image by URL (requests.get): a local server serves stand-in PNGs
+PIXMO_COUNTS = {"apples": 1, "pears": 2, "plums": 3, "figs": 4}
+_image_server: list[str] = []  # the base URL of this process's image server, once started
+
+
+def _image_base_url() -> str:
+    """Start (once per process) a 127.0.0.1 server answering every GET with a tiny PNG; stopped at exit."""
+    if not _image_server:
+        import atexit
+        import io
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        buffer = io.BytesIO()
+        _png(90).save(buffer, format="PNG")
+        body = buffer.getvalue()
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                self.send_response(200)
+                self.send_header("Content-Type", "image/png")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        atexit.register(server.shutdown)
+        _image_server.append(f"http://127.0.0.1:{server.server_address[1]}")
+    return _image_server[0]
+
+
+def pixmo_count_rows() -> list[dict[str, Any]]:
+    base = _image_base_url()
+    return [{"image_url": f"{base}/{label}.png", "label": label, "count": n} for label, n in PIXMO_COUNTS.items()]
+
+
+# pixmo_point_explanations.py: a question, its explanation (the first inline text), the image by URL
+POINTS = {
+    f"Where is marker {n} in the image?": f"marker {n} is in the {corner} corner"
+    for n, corner in ((1, "top left"), (2, "top right"), (3, "bottom left"))
+}
+
+
+def point_rows() -> list[dict[str, Any]]:
+    base = _image_base_url()
+    return [{"image_url": f"{base}/point.png", "question": q, "inline_text": [a]} for q, a in POINTS.items()]
+
+
 # fundamental_prediction_environment.py: 20 rows (it holds 5% out for its test split); the context states the outcome
 FUNDAMENTALS = [
     {
@@ -123,6 +201,11 @@ SEQUENTIAL = [
     }
 ] * 40
 
+# tool_use_interleaved_thinking.py: numeric answers (it keeps those) it checks a python_interpreter call against.
+# It picks rows with an unseeded Random and shuffles by os.urandom: every row is the same problem.
+INTERLEAVED_PROBLEM = ("What is 3 + 4?", "7")
+ACEREASON = [{"problem": INTERLEAVED_PROBLEM[0], "answer": INTERLEAVED_PROBLEM[1]}] * 60
+
 # (name, config or None) -> rows; a split argument selects nothing: every split is the same rows
 STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("gsm8k", "main"): GSM8K,
@@ -139,9 +222,10 @@ STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ],
     ("NousResearch/TextReversalDataset", None): REVERSAL,
 }
+STANDINS[("nvidia/AceReason-Math", None)] = ACEREASON
 
 
-# --- corpus3a: single-turn math, formats, evaluate ---
+# --- single-turn math, formats, evaluate ---
 # math_server.py / math_server_zero.py: DeepMath rows are gsm8k's questions (the fake answers them by question),
 # the answer without `\boxed{}`; its eval sets (loaded in setup) hold the same questions
 DEEPMATH = [{"question": r["question"], "final_answer": r["answer"].split("#")[-1].strip()} for r in GSM8K]
@@ -226,7 +310,7 @@ SQL_ANSWERS = {
     f"How old is {name}?": (f"SELECT Age FROM data WHERE Name = '{name}'", "SELECT Age FROM data WHERE Name = 'Zed'")
     for name, _ in WIKISQL_TABLE["rows"]
 }
-STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
+FORMAT_STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("zwhe99/DeepMath-103K", None): DEEPMATH,
     ("HuggingFaceH4/aime_2024", None): MATH_EVAL,
     ("HuggingFaceH4/math-500", None): MATH_EVAL,
@@ -237,10 +321,15 @@ STANDINS_3A: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("allenai/openbookqa", "main"): OBQA,
     ("atropos-corpus/answer-format", None): ANSWER_FORMAT,
 }
-STANDINS.update(STANDINS_3A)
+STANDINS.update(FORMAT_STANDINS)
 
 
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)
+BUILT[("MMInstruction/Clevr_CoGenT_TrainA_70K_Complex", None)] = clevr_complex_rows
+BUILT[("howard-hou/OCR-VQA", None)] = ocr_vqa_rows
+BUILT[("junyeong-nero/clock-dataset", None)] = clock_rows
+BUILT[("allenai/pixmo-count", None)] = pixmo_count_rows
+BUILT[("allenai/pixmo-point-explanations", None)] = point_rows
 
 
 def rows_for(path: str, name: str | None) -> list[dict[str, Any]] | None:

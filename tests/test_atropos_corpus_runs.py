@@ -27,12 +27,16 @@ import pytest
 from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
 from atropos_corpus_data import (
+    CLOCK_TIME,
     EVAL_GSM8K,
     EVAL_MISSED,
     GSM8K,
     IFEVAL_ANSWERS,
+    INTERLEAVED_PROBLEM,
     MCQA,
     OBQA,
+    PIXMO_COUNTS,
+    POINTS,
     PYDANTIC_RECORDS,
     SQL_ANSWERS,
     install,
@@ -73,9 +77,20 @@ RUNS: dict[str, tuple[list[str], int]] = {
     ),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
     "multimodal_dpo/clevr_cogen_a_train.py": ([*VLLM, "--env.group_size", "4"], 0),
+    # multimodal, scored in collect_trajectories: a count in \boxed{}, a book's author and a clock's time in <answer>
+    "multimodal_dpo/clevr_complex.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/ocr_vqa.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/pixmo_clocks.py": ([*VLLM, "--env.group_size", "4"], 2),
+    # multimodal, its images fetched by URL (a local server the stand-in rows start)
+    "multimodal_dpo/pixmo_count.py": ([*VLLM, "--env.group_size", "4"], 2),
+    "multimodal_dpo/pixmo_point_explanations.py": ([*VLLM, "--env.group_size", "4"], 2),
+    # an LLM judge (RLAIF, forward and swapped): the fake judges too, on WildChat's stand-in rows
+    "community/philosophical_rlaif_env.py": ([*VLLM, "--env.group_size", "2", "--env.max_token_length", "4096"], 2),
+    # tool calls inside the <think> block: completions stop at each call, the env runs its calculator, then resumes
+    "tool_use_interleaved_thinking.py": ([*VLLM, "--env.group_size", "4"], 2),
 }
-# corpus3a: single-turn math, instruction following and formats, an env's `evaluate`
-RUNS_3A: dict[str, tuple[list[str], int]] = {
+# single-turn math, instruction following and formats
+FORMAT_RUNS: dict[str, tuple[list[str], int]] = {
     "math_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
     "instruction_following_algorithm_environment.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"],
@@ -95,7 +110,7 @@ RUNS_3A: dict[str, tuple[list[str], int]] = {
         2,
     ),
 }
-RUNS.update(RUNS_3A)
+RUNS.update(FORMAT_RUNS)
 CACHE.mkdir(parents=True, exist_ok=True)
 (CACHE / "xml_only.yaml").write_text(  # answer_format_environment.py: one format, one (stand-in) dataset
     "env:\n  supported_formats: [xml]\n  dataset_configs:\n  - {name: atropos-corpus/answer-format, split: train, "
@@ -103,8 +118,9 @@ CACHE.mkdir(parents=True, exist_ok=True)
 )
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
-# tried and not run, one line each (why). Kinds the issue names not tried yet: judges other than RLAIF,
-# single-turn code, an env's `evaluate`, Atropos main's teacher distillation.
+# tried and not run, one line each (why). Kinds the issue names not tried yet: single-turn code
+# (code_execution_server/coding_server.py calls Modal at import), an env's `evaluate`, Atropos main's teacher
+# distillation.
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
@@ -140,6 +156,12 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = city[1] if k % 2 == 0 else "Atlantis"
         call = json.dumps({"name": "get_weather", "arguments": {"city": name}})
         return f"<think>The user wants the weather, so I call the tool.</think>\n<tool_call>\n{call}\n</tool_call>"
+    if "philosophical depth" in prompt:  # community/philosophical_rlaif_env.py's judge: it prefers "eldritch".
+        # Its parser, re.search(r"\boxed{(A|B)}"), reads `\b` as a word boundary: it never matches the "\boxed{A}"
+        # its prompt asks for, only "oxed{A}" after a non-word character, so the judge writes that too.
+        response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
+        choice = "A" if "eldritch" in response_a else "B"
+        return f"<think>I weigh both.</think>\n\\boxed{{{choice}}} (oxed{{{choice}}})"
     if "[Response A]" in prompt:  # rlaif_server.py's judge: it prefers the response that says "eldritch"
         response_a = prompt.split("[Response A]")[1].split("[Response B]")[0]
         return f"<think>I weigh both.</think>\n\\boxed{{{'A' if 'eldritch' in response_a else 'B'}}}"
@@ -174,11 +196,31 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
-    return _corpus_answer_3a(prompt, k) or f"I do not know this one, sorry ({k})."
+    author = re.search(r"Who wrote book number (\d+)\?", prompt)
+    if author:  # ocr_vqa.py: the author in <answer> tags (the right one, or the next book's)
+        return f"I read the cover closely.\n<answer>Author {int(author[1]) + k % 2}</answer>"
+    if "What time does the clock show" in prompt:  # pixmo_clocks.py: H:MM in <answer> tags (right, or a minute on)
+        hour, minute = CLOCK_TIME
+        return f"I read both hands of the clock.\n<answer>{hour}:{minute + k % 2:02d}</answer>"
+    fruit = re.search(r"how many (\w+) are in the image\?", prompt)
+    if fruit:  # pixmo_count.py: the count in <answer> tags (right, or one more)
+        return f"I count them one by one.\n<answer>{PIXMO_COUNTS[fruit[1]] + k % 2}</answer>"
+    point = next((q for q in POINTS if q in prompt), None)
+    if point is not None:  # pixmo_point_explanations.py: the explanation in <answer> tags (right, or another's)
+        return f"I look at the picture.\n<answer>{POINTS[point] if k % 2 == 0 else 'it is not there'}</answer>"
+    if "you must use the python_interpreter or calculator tool call" in prompt:  # tool_use_interleaved_thinking.py
+        question, gold = INTERLEAVED_PROBLEM
+        if prompt.rstrip().endswith("</tool_response>"):  # after its calculator ran: close the think, the answer
+            return f"The calculator agrees.\n</think>\n\nSo the answer is \\boxed{{{gold}}}."
+        if k % 2 == 0:  # a calculator call inside the open <think> (the completion stops at "</tool_call>")
+            call = json.dumps({"name": "calculator", "arguments": {"expr": question[8:-1].replace(" ", "")}})
+            return f"<think>\nI add them with the calculator.\n<tool_call>{call}"
+        return f"<think>\nI guess.\n</think>\n\nThe answer is \\boxed{{{int(gold) + 1}}}."
+    return _format_answer(prompt, k) or f"I do not know this one, sorry ({k})."
 
 
-def _corpus_answer_3a(prompt: str, k: int) -> str | None:
-    """corpus3a's envs: instruction following and formats, the eval envs."""
+def _format_answer(prompt: str, k: int) -> str | None:
+    """The answers of the instruction-following, format and eval envs (None: not one of theirs)."""
     question = next((row for row in EVAL_GSM8K if row["question"] in prompt), None)
     if question is not None:  # eval_environments/gsm8k_eval.py: a think block, then \boxed{N}
         gold = int(question["answer"].split("#")[-1]) + (k + (question["question"] in EVAL_MISSED)) % 2
@@ -444,7 +486,7 @@ def test_env_file_runs_under_atropos(file: str, root: Path, tokenizer: Path, sta
     assert len(groups) == RUNS[file][1] and all(re.search(r"\d", json.dumps(g["scores"])) for g in groups)
 
 
-# --- corpus3a: envs run through their own `evaluate` (`python FILE evaluate` / `atropos evaluate FILE`) ----------
+# --- envs run through their own `evaluate` (`python FILE evaluate` / `atropos evaluate FILE`) ----------
 # file -> (extra flags, the files both write under --env.data_dir_to_save_evals, the accuracy metric's key)
 EVALS: dict[str, tuple[list[str], tuple[str, ...], str]] = {
     # its own save_eval_results: metrics.json, results.jsonl
