@@ -9,6 +9,7 @@ Each stand-in is small and written for these tests: a few items, each answerable
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 GSM8K = [
@@ -322,6 +323,31 @@ FORMAT_STANDINS: dict[tuple[str, str | None], list[dict[str, Any]]] = {
     ("atropos-corpus/answer-format", None): ANSWER_FORMAT,
 }
 STANDINS.update(FORMAT_STANDINS)
+
+
+# --- single-turn code: code_execution_server/coding_server.py (its tests run by tests/standins/modal) ---
+# problem -> (right program, wrong program); the tests are stdin -> stdout pairs, as JSON (the env decodes them)
+CODE = {
+    "Read two integers a and b on one line and print their sum.": (
+        "a, b = map(int, input().split())\nprint(a + b)",
+        "a, b = map(int, input().split())\nprint(a - b)",
+    ),
+    "Read a word and print it reversed.": ("print(input().strip()[::-1])", "print(input().strip())"),
+}
+_CODE_TESTS = {
+    "Read two integers a and b on one line and print their sum.": {
+        "input": ["2 3\n", "10 -4\n"],
+        "output": ["5\n", "6\n"],
+    },
+    "Read a word and print it reversed.": {"input": ["abc\n", "level\n"], "output": ["cba\n", "level\n"]},
+}
+CODE_ROWS = [
+    {"problem": problem, "tests": json.dumps(tests), "problem_type": "stdin_stdout"}
+    for problem, tests in _CODE_TESTS.items()
+]
+STANDINS[("NousResearch/RLVR_Coding_Problems", None)] = CODE_ROWS
+STANDINS[("NousResearch/lcb_test", None)] = CODE_ROWS[:1]
+STANDINS_PATH = str(Path(__file__).parent / "standins")  # stand-in packages (modal): the corpus runs put it on sys.path
 
 
 BUILT = {("leonardPKU/clevr_cogen_a_train", None): clevr_rows}  # rows built when asked for (they need pillow)

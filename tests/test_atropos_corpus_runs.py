@@ -28,6 +28,7 @@ from atropos_cli.testing.fake_server import FakeInferenceServer
 from atropos_conformance import COMPARED, ConformanceRule, comparable, read_groups
 from atropos_corpus_data import (
     CLOCK_TIME,
+    CODE,
     EVAL_GSM8K,
     EVAL_MISSED,
     GSM8K,
@@ -39,6 +40,7 @@ from atropos_corpus_data import (
     POINTS,
     PYDANTIC_RECORDS,
     SQL_ANSWERS,
+    STANDINS_PATH,
     install,
 )
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
@@ -73,6 +75,11 @@ RUNS: dict[str, tuple[list[str], int]] = {
     # multi-turn tool calling: two sequential calls, each answered by its tool's response from the dataset
     "tool_use_multiturn_server.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "4096", "--env.scenario_category", "multistep"],
+        2,
+    ),
+    # single-turn code: each program run against the problem's tests by the sdist's own Modal function, locally
+    "code_execution_server/coding_server.py": (
+        [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048", "--env.max_eval_token_length", "2048"],
         2,
     ),
     # multimodal (an image in each request); its postprocess_histories is `pass`: atroposlib writes no group
@@ -118,9 +125,8 @@ CACHE.mkdir(parents=True, exist_ok=True)
 )
 SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds a system turn at random; blackjack
 # deals by a random seed: this one deals games that sticking wins)
-# tried and not run, one line each (why). Kinds the issue names not tried yet: single-turn code
-# (code_execution_server/coding_server.py calls Modal at import), an env's `evaluate`, Atropos main's teacher
-# distillation.
+# tried and not run, one line each (why). Atropos main's teacher distillation is in test_atropos_main_teacher.py (it
+# needs a checkout of main, which CI cannot download).
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
@@ -196,6 +202,9 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
+    problem = next((q for q in CODE if f"Question: {q}" in prompt), None)
+    if problem is not None:  # coding_server.py: a python block (the right program, or a wrong one)
+        return f"Here is my solution.\n```python\n{CODE[problem][k % 2]}\n```\n"
     author = re.search(r"Who wrote book number (\d+)\?", prompt)
     if author:  # ocr_vqa.py: the author in <answer> tags (the right one, or the next book's)
         return f"I read the cover closely.\n<answer>Author {int(author[1]) + k % 2}</answer>"
@@ -281,7 +290,14 @@ def flags(file: str, base_url: str, tokenizer: Path, out: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def root() -> Path:
-    return sdist_root()
+    root = sdist_root()
+    code = root / "environments" / "code_execution_server"
+    # coding_server.py reads its blacklist and appends its logs beside itself; the sdist ships neither
+    (code / "perfect_indices.txt").touch()
+    (code / "train_logs").mkdir(exist_ok=True)
+    # its Modal function (`joeli-lcb`'s run_test) is defined by the sdist's lcb_modal_endpoint.py (tests/standins/modal)
+    os.environ["MODAL_STANDIN_APPS"] = json.dumps({"joeli-lcb": str(code / "lcb_modal_endpoint.py")})
+    return root
 
 
 @pytest.fixture(scope="module")
@@ -355,6 +371,7 @@ class _ReferenceDriver:
         env = {**os.environ, "ATROPOS_CORPUS_STANDINS": "1", "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1"}
         env.update(TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", ATROPOS_ALLOW_DUMMY_MANAGED_SERVER="1")
         env["ATROPOS_CORPUS_SEED"] = str(SEED)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [STANDINS_PATH, os.environ.get("PYTHONPATH")]))
         driver = Path(__file__).parent / "atropos_reference_driver.py"
         self.stderr = stderr.open("w")
         self.proc = subprocess.Popen(
@@ -440,6 +457,7 @@ def standins(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setenv("ATROPOS_ALLOW_DUMMY_MANAGED_SERVER", "1")
     monkeypatch.setattr(datasets, "load_dataset", datasets.load_dataset)  # restored after the test
+    monkeypatch.syspath_prepend(STANDINS_PATH)  # the stand-in `modal` (coding_server.py)
     install()
 
 
