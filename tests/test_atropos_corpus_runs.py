@@ -52,6 +52,7 @@ DISCOVERED_PORT = 9004  # where atroposlib looks for servers when config_init gi
 VLLM = ["--openai.server_type", "openai"]
 ITEMS = 2  # items each run takes (--env.total_steps)
 # file -> (extra flags, groups each run writes from its ITEMS items)
+REASONING_GYM = "reasoning_gym_environment/reasoning_gym_environment.py"
 RUNS: dict[str, tuple[list[str], int]] = {
     "gsm8k_server.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
     "gsm8k_server_axolotl.py": ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "1024"], 2),
@@ -77,6 +78,8 @@ RUNS: dict[str, tuple[list[str], int]] = {
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "4096", "--env.scenario_category", "multistep"],
         2,
     ),
+    # reasoning-gym: its generated tasks, answered from REASONING_GYM_ANSWERS (the env's own items, replayed)
+    REASONING_GYM: ([*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048"], 2),
     # single-turn code: each program run against the problem's tests by the sdist's own Modal function, locally
     "code_execution_server/coding_server.py": (
         [*VLLM, "--env.group_size", "4", "--env.max_token_length", "2048", "--env.max_eval_token_length", "2048"],
@@ -130,9 +133,6 @@ SEED = 5  # `random` is seeded with it before each run on both sides (rlaif adds
 NOT_RUN = {
     "game_environments/gymnasium/gym_taxi.py": "crashes under atroposlib's venv and ours alike: gym.make('Taxi-v3') "
     "raises DeprecatedEnv in gymnasium 1.x (Taxi-v4 now); its groups are never made",
-    "reasoning_gym_environment/reasoning_gym_environment.py": "the fake server cannot answer its generated tasks "
-    "right (a lookup of each task's first items by seed missed): under atroposlib every group is equal-scored and "
-    "dropped, ~1,700 groups (50 s) before two mixed ones; too slow and chancy for CI",
     "math_server_zero.py": "its score needs '</answer>' in the text, yet it asks the server to stop at '</answer>' "
     "(stop strings are cut, as vLLM does): every answer scores -1, every group is dropped, and atroposlib's process "
     "loop retries forever (18,000 requests in 20 s)",
@@ -145,6 +145,12 @@ NOT_RUN = {
 }
 _GOLD = {row["question"]: row["answer"].split("#")[-1].strip() for row in GSM8K}
 _LETTER = {row["prompt"].split("\n")[0]: row["ground_truth"] for row in MCQA}
+
+
+# question -> answer of the items reasoning_gym_environment.py generates: its task choice, complexity and dataset
+# seeds come from its own Random seeded with config_init's seed, so `replay_reasoning_gym` (the env's own setup and
+# get_next_item, run once here) yields the very items both runtimes will ask about
+REASONING_GYM_ANSWERS: dict[str, str] = {}
 
 
 def corpus_answer(prompt: str, k: int) -> str:
@@ -202,6 +208,10 @@ def corpus_answer(prompt: str, k: int) -> str:
         name = "book_taxi" if '"temp_c": 20' in prompt else "get_weather"
         call = json.dumps({"name": name, "arguments": {"city": "Paris"}})
         return f"<think>One step at a time.</think>\n<tool_call>\n{call}\n</tool_call>" if k % 2 == 0 else "No."
+    task = next((q for q in REASONING_GYM_ANSWERS if q in prompt), None)
+    if task is not None:  # reasoning_gym_environment.py: its item's own answer in <answer> tags, or a wrong one
+        answer = REASONING_GYM_ANSWERS[task] if k % 2 == 0 else "certainly not this"
+        return f"<think>I work through the task.</think>\n<answer>{answer}</answer>"
     problem = next((q for q in CODE if f"Question: {q}" in prompt), None)
     if problem is not None:  # coding_server.py: a python block (the right program, or a wrong one)
         return f"Here is my solution.\n```python\n{CODE[problem][k % 2]}\n```\n"
@@ -317,6 +327,26 @@ def stop_servers(servers: list[FakeInferenceServer]) -> None:
         server.request_stop()
     for server in servers:
         server.stop()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def replay_reasoning_gym(root: Path, tokenizer: Path) -> None:
+    """Fill REASONING_GYM_ANSWERS: the env built under our layer, its setup() and the first get_next_item()s."""
+    import asyncio
+
+    from atropos_cli.env.loading import load_env
+
+    argv = ["--env.tokenizer_name", str(tokenizer), "--env.use_wandb", "false", "--openai.base_url"]
+    argv += ["http://127.0.0.1:9/v1", "--openai.model_name", "fake-model", "--openai.api_key", "x"]
+    env = load_env(str(root / "environments" / REASONING_GYM), argv, None).env
+
+    async def items() -> list[Any]:
+        await env.setup()
+        return [await env.get_next_item() for _ in range(4 * ITEMS)]
+
+    for item in asyncio.run(items()):
+        if item is not None:  # None: a task the env could not generate (it skips those too)
+            REASONING_GYM_ANSWERS[item[1]["question"]] = str(item[1]["answer"])
 
 
 @pytest.fixture(scope="module")
