@@ -306,6 +306,7 @@ def run_training(
 
         check_can_colocate(opts.nproc_per_node)  # before anything is written or loaded
     dist = _join_ranks(opts, config)
+    finished = False
     try:
         if dist is None or dist.is_main:
             _prepare_out(out, opts, config)
@@ -320,11 +321,17 @@ def run_training(
 
             roles = split_roles(dist, opts.inference_gpus, opts.dist_timeout)
             if roles.is_engine:
-                return RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
-            return _run(opts, config, on_step, on_event, roles.trainer_dist, roles)
-        return _run(opts, config, on_step, on_event, dist)
+                summary = RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
+            else:
+                summary = _run(opts, config, on_step, on_event, roles.trainer_dist, roles)
+        else:
+            summary = _run(opts, config, on_step, on_event, dist)
+        finished = True
+        return summary
     finally:
         if dist is not None:
+            if finished:  # every rank reaches the teardown before any leaves: a gloo rank whose peer has already
+                dist.barrier()  # torn its group down can abort ("terminate called without an active exception")
             dist.close()
 
 
