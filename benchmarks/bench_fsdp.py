@@ -7,7 +7,7 @@ trains 256 sequences. Rows (each a fresh torchrun launch, all in one run on one 
 - `plain`: the one-process trainer (no torchrun, no FSDP; bf16 weights + fp32 master), the 1-GPU reference;
 - `SHAPE:N`: N ranks at the trainer's defaults (`--parallel auto`: small models replicate, the rest shard with
   FSDP2); `:fsdp` or `:replicate` forces one (FSDP2: bf16 compute, fp32 sharded master weights; replicate: the
-  one-process trainer on every rank, gradients summed once a step, `trainer/replicate.py`);
+  one-process trainer on every rank, gradients summed once a step, `trainer/scale/replicate.py`);
 - larger shapes (Qwen2.5-1.5B/3B/7B, random weights) at 4 GPUs, full fine-tuning and LoRA r=16.
 
 Weak-scaling efficiency = (tokens/s per GPU at N) / (tokens/s of the `plain` 1-GPU row). MFU counts model
@@ -151,13 +151,22 @@ def worker(args) -> None:
         dist.close()
 
 
+def row_shape(spec: str, plain_shape: str) -> str:
+    """The model shape of a row: 'SHAPE:N...' -> SHAPE; 'plain' -> the plain shape; 'plain:SHAPE...' -> SHAPE."""
+    parts = spec.split(":")
+    if parts[0] != "plain":
+        return parts[0]
+    return parts[1] if len(parts) > 1 and parts[1] in SHAPES else plain_shape
+
+
 def run_row(spec: str, args) -> dict:
     """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate]' -> its measurements (or the
     failure)."""
     parts = spec.split(":")
-    shape, n = ("0.5b" if not args.tiny else "tiny", 1) if parts[0] == "plain" else (parts[0], int(parts[1]))
-    if parts[0] == "plain" and len(parts) > 1 and parts[1] in SHAPES:  # plain:1.5b: another shape, one process
-        shape, parts = parts[1], [parts[0], *parts[2:]]
+    shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
+    n = 1 if parts[0] == "plain" else int(parts[1])
+    if parts[0] == "plain" and len(parts) > 1 and parts[1] in SHAPES:  # plain:1.5b: the shape is no flag
+        parts = [parts[0], *parts[2:]]
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
     for flag in parts[1:] if parts[0] == "plain" else parts[2:]:
@@ -248,9 +257,7 @@ def main() -> None:
     for spec in args.rows.split(","):
         r = run_row(spec, args)
         parts = spec.split(":")
-        shape = (
-            (parts[1] if len(parts) > 1 and parts[1] in SHAPES else plain_shape) if parts[0] == "plain" else parts[0]
-        )
+        shape = row_shape(spec, plain_shape)
         if "error" in r:
             line = f"| {spec} | failed: {r['error']} |"
         else:

@@ -18,6 +18,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import torch
+import torch.distributed as dist
+
 __all__ = ["choose", "state_bytes", "GradientSum", "broadcast_weights", "REPLICATE_FRACTION"]
 
 Parallel = Literal["fsdp", "replicate"]
@@ -53,9 +56,6 @@ def choose(requested: str, device: str, world: int, total: int, trainable: int, 
 
 def broadcast_weights(model: Any, group: Any) -> None:
     """Rank 0's weights and buffers on every rank, so replicas start equal (a LoRA adapter's random init, say)."""
-    import torch
-    import torch.distributed as dist
-
     source = dist.get_global_rank(group, 0) if group is not None else 0
     with torch.no_grad():
         for tensor in (*model.parameters(), *model.buffers()):
@@ -70,24 +70,21 @@ class GradientSum:
         self.group = group
 
     def __call__(self, grads: list[Any]) -> None:
-        import torch
-        import torch.distributed as dist
-
         bucket: list[Any] = []
         size = 0
         for grad in grads:
             if bucket and grad.dtype != bucket[0].dtype:  # one dtype a flat bucket
-                self._reduce(bucket, torch, dist)
+                self._reduce(bucket)
                 bucket, size = [], 0
             bucket.append(grad)
             size += grad.numel() * grad.element_size()
             if size >= BUCKET_BYTES:
-                self._reduce(bucket, torch, dist)
+                self._reduce(bucket)
                 bucket, size = [], 0
         if bucket:
-            self._reduce(bucket, torch, dist)
+            self._reduce(bucket)
 
-    def _reduce(self, bucket: list[Any], torch: Any, dist: Any) -> None:
+    def _reduce(self, bucket: list[Any]) -> None:
         flat = torch.cat([g.reshape(-1) for g in bucket])
         dist.all_reduce(flat, group=self.group)
         pieces = flat.split([g.numel() for g in bucket])

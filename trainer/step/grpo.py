@@ -262,10 +262,10 @@ class GRPOTrainer:
         batches = self._micro_batches(self._my_samples(prepared.samples))
         # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers (replicas
         # only meet once a step, in precision.step)
-        sharded = self.dist is not None and not self.replicated
-        count = self.dist.max_int(len(batches)) if sharded and self.dist is not None else len(batches)
+        fsdp_dist = None if self.replicated else self.dist
+        count = fsdp_dist.max_int(len(batches)) if fsdp_dist is not None else len(batches)
         for i in range(count):
-            if sharded and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
+            if fsdp_dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
             logp = self.policy(mb)
@@ -292,7 +292,7 @@ class GRPOTrainer:
                 stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
                 stats.add("distill_tokens", covered.sum())
             # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py); replicas sum
-            (loss * self.dist.world if sharded and self.dist is not None else loss).backward()
+            (loss * fsdp_dist.world if fsdp_dist is not None else loss).backward()
             self.precision.after_backward()
             total_loss += loss.detach()
             stats.add("padded_tokens", mb.input_ids.numel())
@@ -375,7 +375,7 @@ class GRPOTrainer:
         checkpoint = latest_checkpoint(out)
         if checkpoint is None:
             return None
-        if self.dist is not None and self.replicated:
+        if self.replicated:
             from ..scale.sharded_checkpoint import is_sharded
 
             if is_sharded(checkpoint):
