@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -88,6 +89,12 @@ def run_row(mode: str, model: str, lr: float, env: str, env_flags: list[str], ar
                 proc.wait(timeout=30)
     wall = time.perf_counter() - started
     metrics = out / "metrics.jsonl"
+    if args.out:  # each row's log and per-step metrics beside the table (what its steps spent, engine builds)
+        keep = Path(args.out).parent / f"{Path(args.out).stem}_rows"
+        keep.mkdir(parents=True, exist_ok=True)
+        shutil.copy(log, keep / log.name)
+        if metrics.is_file():
+            shutil.copy(metrics, keep / f"{out.name}.metrics.jsonl")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()] if metrics.is_file() else []
     if timed_out and len(rows) <= args.warmup:
         return {"mode": mode, "error": f"timed out after {args.timeout:.0f} s at step {len(rows)}"}

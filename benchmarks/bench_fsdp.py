@@ -111,6 +111,7 @@ def worker(args) -> None:
     first = time.perf_counter() - started
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
+    retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.startswith("cuda") else 0
     started = time.perf_counter()
     losses = []
     for batch in batches[args.warmup :]:
@@ -133,6 +134,12 @@ def worker(args) -> None:
     fpt = 6 * matmul_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * weighted
     peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
     peaks = dist.gather(peak) if dist is not None else [peak]
+    # the caching allocator near the card's limit: reserved memory, and retries (a failed cudaMalloc: every cached
+    # block freed, the device synchronised, the allocation tried again) during the timed steps
+    reserved = torch.cuda.max_memory_reserved() / 2**30 if device.startswith("cuda") else float("nan")
+    retries = (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) if device.startswith("cuda") else 0
+    reserved_all = dist.gather(reserved) if dist is not None else [reserved]
+    retries_all = dist.gather(retries) if dist is not None else [retries]
     if rank == 0:
         per_gpu = tokens / elapsed / world
         row = {
@@ -140,6 +147,8 @@ def worker(args) -> None:
             "tokens_per_s_per_gpu": per_gpu,
             "mfu": per_gpu * fpt / 989.4e12,
             "peak_gib": max(peaks),
+            "reserved_gib": max(reserved_all),
+            "alloc_retries": sum(retries_all),
             "s_per_step": elapsed / len(timed),
             "warmup_s": first,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
@@ -167,6 +176,7 @@ def run_row(spec: str, args) -> dict:
     n = 1 if parts[0] == "plain" else int(parts[1])
     if parts[0] == "plain" and len(parts) > 1 and parts[1] in SHAPES:  # plain:1.5b: the shape is no flag
         parts = [parts[0], *parts[2:]]
+    alloc_conf = None  # `exp`: the caching allocator's expandable segments (no fragmentation near the limit)
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
     for flag in parts[1:] if parts[0] == "plain" else parts[2:]:
@@ -184,6 +194,8 @@ def run_row(spec: str, args) -> dict:
             extra += ["--profile"]
         elif flag == "nocompile":
             extra += ["--no-compile"]
+        elif flag == "exp":
+            alloc_conf = "expandable_segments:True"
         elif flag in ("fsdp", "replicate"):
             extra += ["--parallel", flag]
     if args.no_compile:
@@ -196,6 +208,8 @@ def run_row(spec: str, args) -> dict:
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "4")}
     if args.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = args.gpu
+    if alloc_conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.row_timeout)
     if "--profile" in extra:
         print(result.stdout, flush=True)
@@ -248,7 +262,7 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup} warm-up steps; random weights",
         "",
         "| row | GPUs | how (parallel, micro-batch) | params (B) | tokens/s per GPU | weak-scaling eff. | MFU "
-        "| peak GiB/GPU | s/step | warm-up s |",
+        "| peak GiB/GPU (allocator) | s/step | warm-up s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
@@ -269,7 +283,8 @@ def main() -> None:
             line = (
                 f"| {spec} | {r['world']} | {r['how']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} "
                 f"| {eff} "
-                f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} |"
+                f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f} reserved, "
+                f"{r['alloc_retries']} retries) | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} |"
             )
         lines.append(line)
         print(line, flush=True)

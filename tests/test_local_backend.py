@@ -228,3 +228,29 @@ def test_the_static_engine_is_kept_while_batches_fit_and_grows_once(backend):
     grown = backend._engine(state, rows(150, 40))  # a longer prompt: rebuilt, keeping room for the old rows
     assert grown is not first and (grown.shape.prompt_len, grown.shape.gen_len) == (192, 256)
     assert backend._engine(state, rows(100, 200)) is grown
+
+
+def test_engines_are_kept_per_batch_size_so_alternating_sizes_build_no_more(backend):
+    """A loop's batches vary in size (a step's first group alone, then the rest; an async engine fed as rollouts
+    return): each size keeps its engine, and a batch runs on a kept engine with room for it (at most ROOMY times
+    its group slots), so after the first of each no batch builds one (a build is a compile of the decode step:
+    seconds to a minute on a GPU). At most MAX_ENGINES are kept, the least recently used dropped first."""
+    from atropos_cli.inference import local
+    from atropos_cli.inference.sampler import RowRequest
+
+    state = backend._state
+    groups = lambda n: [RowRequest(prompt_ids=[g + 1] * 20, max_new_tokens=16) for g in range(n) for _ in range(8)]  # noqa: E731
+    backend._engines.clear()  # the module's backend: start from no engine
+    builds = backend.engine_builds
+    one, many = backend._engine(state, groups(1)), backend._engine(state, groups(16))
+    assert one is not many and (one.shape.groups, many.shape.groups) == (1, 16)
+    for _ in range(3):
+        assert backend._engine(state, groups(1)) is one and backend._engine(state, groups(16)) is many
+    assert backend._engine(state, groups(4)) is many  # 16 slots hold 4 groups: no build
+    assert backend.engine_builds - builds == 2
+    two = backend._engine(state, groups(2))  # 16 slots would be 8x its size: its own engine
+    assert two is not many and two.shape.groups == 2 and backend.engine_builds - builds == 3
+    assert backend._engine(state, groups(8)) is many  # ... the most recently used are kept
+    backend._engine(state, groups(1)[:4])  # a fourth shape (groups of 4): the least recently used goes
+    kept = list(backend._engines.values())
+    assert len(kept) == local.MAX_ENGINES and two in kept and many in kept and one not in kept

@@ -59,6 +59,7 @@ class LocalSync:
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
+        self._seen: dict[str, float] = {}
 
     def __call__(self, trainer: Any) -> dict[str, Any]:
         started = time.perf_counter()
@@ -71,9 +72,19 @@ class LocalSync:
                 hint="use --inference local with a transformers model, or --inference vllm/external",
             )
         copy_weights(trainer.model, model)
-        generate_s = getattr(self.backend, "generate_s", 0.0)  # the engine's sampling time since the last step
-        self._generated, since = generate_s, generate_s - getattr(self, "_generated", 0.0)
-        return {"sync_s": time.perf_counter() - started, "generate_s": since}
+        metrics: dict[str, Any] = {"sync_s": time.perf_counter() - started}
+        # since the last step: the engine's sampling seconds, its batches and the static engines it built (a
+        # build is a compile: a loop that builds engines after its first steps is paying compiles every step)
+        batcher = getattr(self.backend, "batcher", None)
+        counters = {
+            "generate_s": getattr(self.backend, "generate_s", 0.0),
+            "engine_batches": getattr(batcher, "batches_run", 0),
+            "engine_builds": getattr(self.backend, "engine_builds", 0),
+        }
+        for name, total in counters.items():
+            metrics[name] = total - self._seen.get(name, 0)
+            self._seen[name] = total
+        return metrics
 
 
 class ColocateSync:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,6 +152,10 @@ def set_cpu_threads(model: Any, num_threads: int | None) -> None:
     torch.set_num_threads(num_threads)
 
 
+MAX_ENGINES = 3  # static engines kept at once (each holds its own KV blocks and CUDA graphs)
+ROOMY = 4  # a batch may run on a kept engine with up to this many times its group slots (no new compile)
+
+
 class LocalBackend:
     """InferenceBackend over an in-process transformers model; concurrent calls are batched."""
 
@@ -166,8 +171,10 @@ class LocalBackend:
         self._state = load_model(config.model_name, config.device, config.dtype)
         self.device = str(self._state.model.device)
         set_cpu_threads(self._state.model, num_threads)
-        self._static: tuple[tuple[int, EngineShape], StaticEngine] | None = None
+        # static engines by (model, group width, group slots), least recently used first (`_engine`)
+        self._engines: OrderedDict[tuple[int, int, int], StaticEngine] = OrderedDict()
         self.generate_s = 0.0  # seconds spent sampling (the one-command loop's generation share)
+        self.engine_builds = 0  # static engines built (each a compile of the decode step and new CUDA graphs)
         self._batcher: RequestBatcher[_Job, list[RowResult]] = RequestBatcher(
             self._run_jobs, lambda job: job.params.n, max_batch_size=max_batch_size, max_wait_s=max_wait_s
         )
@@ -306,21 +313,47 @@ class LocalBackend:
 
     def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
         """The static engine for this batch (`engine_shape`: group width, group slots for the batch rounded up
-        to a power of two rows, at most `max_batch_size`, block lengths). One is kept and reused while the
-        batch fits its blocks; otherwise a new one is built with blocks that also fit the old batches (they
-        only grow: every new shape means new CUDA graphs and a new compile of the step)."""
+        to a power of two rows, at most `max_batch_size`, block lengths). Engines are kept per (width, group
+        slots), the MAX_ENGINES most recently used, and a batch runs on a kept one with room for it (`_roomy`):
+        a loop whose batches vary in size (a step's first group alone, then the rest; an async engine fed as
+        rollouts come back) reuses them instead of rebuilding one on every switch (a build is a compile of the
+        decode step and new CUDA graphs: seconds to a minute). A kept engine whose blocks are too short for the
+        batch is rebuilt with blocks that fit both (they only grow: alternating lengths do not rebuild)."""
         shape = engine_shape(rows, self._batcher.max_batch_size)
-        if self._static is not None:
-            (model_id, old), engine = self._static
-            same = model_id == id(state.model) and (old.width, old.groups) == (shape.width, shape.groups)
-            if same and old.prompt_len >= shape.prompt_len and old.gen_len >= shape.gen_len:
-                return engine
-            if same:
-                grown = (max(old.prompt_len, shape.prompt_len), max(old.gen_len, shape.gen_len))
-                shape = EngineShape(shape.width, shape.groups, *grown)
-        self._static = None  # free the old cache and graphs before allocating the new ones
-        self._static = ((id(state.model), shape), StaticEngine(state.model, state.tokenizer, shape))
-        return self._static[1]
+        key = (id(state.model), shape.width, shape.groups)
+        kept = self._roomy(key, shape)
+        if kept is not None:
+            return kept
+        engine = self._engines.pop(key, None)
+        if engine is not None:  # this size's engine, with blocks too short for the batch
+            old = engine.shape
+            grown = (max(old.prompt_len, shape.prompt_len), max(old.gen_len, shape.gen_len))
+            shape = EngineShape(shape.width, shape.groups, *grown)
+            del engine  # free its cache and graphs before allocating the new ones
+        for stale in [k for k in self._engines if k[0] != key[0]]:  # engines of a model a reload replaced
+            del self._engines[stale]
+        while len(self._engines) >= MAX_ENGINES:
+            self._engines.popitem(last=False)
+        self._engines[key] = engine = StaticEngine(state.model, state.tokenizer, shape)
+        self.engine_builds += 1
+        return engine
+
+    def _roomy(self, key: tuple[int, int, int], shape: EngineShape) -> StaticEngine | None:
+        """A kept engine that holds this batch at once: the same model and group width, at least the batch's
+        group slots but at most ROOMY times as many (idle slots still cost each decode step), blocks that fit.
+        The exact shape first, else the smallest such."""
+        model_id, width, groups = key
+        fits = [
+            (k, e)
+            for k, e in self._engines.items()
+            if k[:2] == (model_id, width) and groups <= k[2] <= ROOMY * groups
+            and e.shape.prompt_len >= shape.prompt_len and e.shape.gen_len >= shape.gen_len
+        ]  # fmt: skip
+        if not fits:
+            return None
+        k, engine = min(fits, key=lambda item: item[0][2])
+        self._engines.move_to_end(k)
+        return engine
 
     # -- weights ---------------------------------------------------------------------------------------
     def reload(self, path: str) -> int:
