@@ -200,8 +200,11 @@ class GRPOTrainer:
             if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
                 replicate.broadcast_weights(self.model, dist.group)
             self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
-            if dist is not None:
-                self.precision.reduce_grads = replicate.GradientSum(dist.group)
+            if dist is not None:  # summed bucket by bucket while the step's last backward runs
+                reducer = replicate.OverlappedSum(self.precision.optimized, dist.group)
+                head = _body_and_head(self.model)[1]
+                tied = head is lora.unwrap(self.model).get_input_embeddings().weight
+                self.precision.sum_over(reducer, head, tied)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
@@ -242,6 +245,8 @@ class GRPOTrainer:
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select).to(self.precision.compute_dtype)
         targets = mb.targets.reshape(-1).index_select(0, mb.select)
         sink = self.precision.grad_sink(head_weight) if torch.is_grad_enabled() else None
+        if sink is not None and isinstance(self.precision, Precision):
+            self.precision.watch_sink(hidden, head_weight)
         logp = flat_token_logprobs(hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink)
         out = torch.zeros(mb.loss_mask.numel(), dtype=logp.dtype, device=logp.device)
         return out.index_copy(0, mb.place, logp).view_as(mb.loss_mask)
@@ -268,6 +273,8 @@ class GRPOTrainer:
             if fsdp_dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
+            if i == len(batches) - 1:  # replicas: this backward starts the gradient sum bucket by bucket
+                self.precision.last_backward()
             logp = self.policy(mb)
             ref = None
             if self.reference is not None:

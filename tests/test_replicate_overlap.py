@@ -1,0 +1,178 @@
+"""`--parallel replicate`'s gradient sum overlapped with the backward (`replicate.OverlappedSum`), on a CPU.
+
+Two gloo ranks (subprocesses of this file, `worker`) train one step of the shipped model's shape (random weights,
+Llama) with small buckets;
+the test checks that the step equals one process training the whole batch, that the buckets started in order
+and mostly while the last backward was still running (timestamps against the backward's return), in fp32 and
+bf16-pure (the fp32 master path, the LM head's gradient through its sink), tied and untied heads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+CASES = {  # name: (dtype, tied head)
+    "fp32-tied": ("fp32", True),
+    "bf16pure-tied": ("bf16-pure", True),
+    "bf16pure-untied": ("bf16-pure", False),
+}
+# The fp32 weights (masters) after one AdamW step of lr 1e-3, against one process: the gradient is the same sum in
+# another order and AdamW's first step is about lr x sign(gradient), so a gradient near zero may move its weight
+# by up to 2 x lr the other way. fp32: no weight differs by more than a tenth of a step. bf16-pure: each micro-batch's
+# gradient is rounded to bf16 and the ranks' micro-batches hold other samples, so a few weights (~0.2%) flip; a
+# bucket summed wrong (a rank missing, or summed twice) would flip about half of its weights and move the norm.
+TOL = 1e-4
+FLIPPED = {"fp32": 0.0, "bf16-pure": 0.005}
+NORM = {"fp32": 1e-5, "bf16-pure": 1e-3}
+
+
+def _groups():
+    from atropos_cli.types import ScoredGroup
+
+    gen = torch.Generator().manual_seed(0)
+    groups = []
+    for g in range(6):
+        lengths = torch.randint(12, 40, (4,), generator=gen).tolist()
+        tokens = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
+        masks = [[-100] * 4 + t[4:] for t in tokens]
+        groups.append(ScoredGroup(tokens=tokens, masks=masks, scores=[1.0, 0.0, float(g % 2), 0.5]))
+    return groups
+
+
+def _trainer(dtype: str, tied: bool, dist=None):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from atropos_cli.resources import resolve_model_path
+    from atropos_cli.trainer.config import GRPOConfig
+    from atropos_cli.trainer.step.grpo import GRPOTrainer
+
+    cfg = AutoConfig.from_pretrained(resolve_model_path("atropos-tiny-arith"))  # the shipped shape, random weights
+    cfg.tie_word_embeddings = tied
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # the same weights in every process (from_config's own init is not seeded here)
+        for param in model.parameters():
+            param.normal_(0.0, 0.05, generator=gen)
+    config = GRPOConfig(
+        out=tempfile.mkdtemp(prefix="overlap-"),
+        device="cpu",
+        dtype=dtype,
+        lr=1e-3,
+        max_len=64,
+        micro_batch_tokens=128,  # several micro-batches a rank: only the last one overlaps
+        parallel="replicate",
+    )
+    return GRPOTrainer(config, model=model, dist=dist)
+
+
+def _weights(trainer) -> dict[str, list[float]]:
+    """The fp32 weights a step produced (the masters in bf16-pure), flattened."""
+    p = trainer.precision
+    return {str(i): t.detach().float().reshape(-1).tolist() for i, t in enumerate(p.optimized)}
+
+
+def worker(case: str, out: str) -> None:
+    from atropos_cli.trainer.scale import replicate
+    from atropos_cli.trainer.scale.distributed import init_from_env
+    from atropos_cli.trainer.step import precision
+
+    dtype, tied = CASES[case]
+    replicate.BUCKET_BYTES = 64 * 1024  # many buckets on a tiny model
+    precision.BUCKET = 4  # bf16-pure: gradients moved into the masters 4 at a time (a 0.5B model's 32: ~2 layers)
+    dist = init_from_env("cpu", 60)
+    trainer = _trainer(dtype, tied, dist)
+    backward_ends: list[float] = []
+    original = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        backward_ends.append(time.perf_counter())
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+    metrics = trainer.step(_groups())
+    reducer = trainer.precision.reducer
+    result = {
+        "buckets": len(reducer.flats),
+        "order": reducer.launch_order,
+        "early": reducer.early,
+        "before_backward_end": sum(t < backward_ends[-1] for t in reducer.launch_times),
+        "grad_norm": metrics["grad_norm"],
+        "weights": _weights(trainer),
+    }
+    Path(out, f"rank{dist.rank}.json").write_text(json.dumps(result))
+    dist.barrier()
+    dist.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, Path]:
+    """Every case's two ranks, all started at once (each case its own port)."""
+    procs, outs = [], {}
+    for case in CASES:
+        out = tmp_path_factory.mktemp(case)
+        port = _free_port()
+        for rank in range(2):
+            env = {
+                **os.environ,
+                "OMP_NUM_THREADS": "1",
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+            }
+            command = [sys.executable, __file__, case, str(out)]
+            procs.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+        outs[case] = out
+    for proc in procs:
+        stdout, _ = proc.communicate(timeout=240)
+        assert proc.returncode == 0, stdout.decode()[-3000:]
+    return outs
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_overlapped_sum_trains_like_one_process(runs: dict[str, Path], case: str):
+    dtype, tied = CASES[case]
+    ranks = [json.loads((runs[case] / f"rank{r}.json").read_text()) for r in range(2)]
+    one = _trainer(dtype, tied)
+    metrics = one.step(_groups())
+    expected = _weights(one)
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # replicas stay identical
+    diffs = [abs(a - b) for key in expected for a, b in zip(ranks[0]["weights"][key], expected[key], strict=True)]
+    flipped = sum(d > TOL for d in diffs) / len(diffs)
+    assert flipped <= FLIPPED[dtype], (flipped, max(diffs))
+    assert abs(ranks[0]["grad_norm"] - metrics["grad_norm"]) < NORM[dtype] * metrics["grad_norm"]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_buckets_start_in_order_while_the_backward_runs(runs: dict[str, Path], case: str):
+    for result in (json.loads((runs[case] / f"rank{r}.json").read_text()) for r in range(2)):
+        assert result["buckets"] >= 4
+        assert result["order"] == list(range(result["buckets"]))
+        # fp32: every bucket starts inside the backward (the embedding's, whose gradient comes last, as its last
+        # node finishes). bf16-pure: gradients reach their masters BUCKET at a time, and a bucket holding a layer's
+        # input norm (listed first in the layer, finished last) waits for the layer: half of these tiny buckets
+        least = result["buckets"] if case.startswith("fp32") else result["buckets"] // 2
+        assert result["before_backward_end"] >= least
+        assert result["early"] >= result["before_backward_end"]
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])
