@@ -1,17 +1,21 @@
 """Data parallelism without sharding: every rank holds the whole model, its fp32 master and AdamW, trains its
-share of the step's groups as one process would, and the gradients are summed over ranks once per step.
+share of the step's groups as one process would, and the gradients are summed over ranks during the step's last
+backward.
 
 Where it sits: `GRPOTrainer` asks `choose()` which way a many-rank run trains (`--parallel`), and with
-"replicate" hands `Precision` a `GradientSum` to call before clipping. FSDP2 (`fsdp.py`) is the other way.
+"replicate" hands `Precision.sum_over` an `OverlappedSum`, which then owns the fp32 gradients' storage: flat
+buckets of BUCKET_BYTES in the order the backward finishes them. In the last micro-batch each bucket's all-reduce
+starts asynchronously as its last gradient lands (DDP's scheme: NCCL runs it on its own stream beside the
+backward); the step waits for them before clipping. FSDP2 (`fsdp.py`) is the other way.
 
 Why both: FSDP2 pays host work on every layer of every micro-batch (its hooks, the all-gather copy-in/out of
 each parameter: `benchmarks/results/fsdp_gpu.md`), which a 0.5B step, already host-bound, cannot hide. A
-replicated step is the one-process step plus one bucketed all-reduce of the gradients at its end (not overlapped
-with the backward), at the price of the whole training state on every GPU (18 bytes a parameter, bf16-pure).
-Measured on 4 x H100 (NVLink), tokens/s per GPU against one process: 0.5B at 2 ranks replicate 89% vs FSDP 71%;
-at 4 ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. The end-of-step all-reduce
-grows with the gradient's size and the rank count while FSDP's collectives hide behind compute, so "auto"
-replicates only where it won: under REPLICATE_MAX_PARAMS parameters on two ranks.
+replicated step is the one-process step plus the gradient all-reduce, at the price of the whole training state
+on every GPU (18 bytes a parameter, bf16-pure). Measured on 4 x H100 (NVLink) BEFORE the overlap (one
+all-reduce after the backward), tokens/s per GPU against one process: 0.5B at 2 ranks replicate 89% vs FSDP
+71%; at 4 ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. So "auto" replicates
+only where it won then: under REPLICATE_MAX_PARAMS parameters on two ranks (to revisit once the overlapped sum
+is measured: `benchmarks/device/fsdp_four.sh`).
 """
 
 from __future__ import annotations
