@@ -162,9 +162,10 @@ def worker(args) -> None:
 
 
 class Probe:
-    """`:detail` rows: what each timed step cost this rank (wall time, its micro-batches and tokens, host time in
-    `prepare`/collation, the GPU's backlog when the step reached the optimizer, the time then blocked on the
-    gradient sum, gen-2 garbage collections). CUDA-synchronised around the optimizer step, so only here."""
+    """`:detail` rows: what each timed step cost this rank: wall time, its micro-batches and tokens, host time in
+    `prepare` (its groups chosen, its samples built, the batch counted) and collation, the GPU's backlog when the
+    step reached the optimizer, the time then blocked on the gradient sum, gen-2 garbage collections.
+    CUDA-synchronised around the optimizer step, so only here."""
 
     def __init__(self, trainer, sync) -> None:
         import gc
@@ -175,11 +176,7 @@ class Probe:
         self.sync, self.trainer = sync, trainer
         self.cur: dict = {}
         host = ("prepare_ms", grpo, "prepare"), ("prepare_ms", grpo, "reward_metrics")
-        for key, owner, name in (
-            *host,
-            ("collate_ms", trainer, "_micro_batches"),
-            ("collate_ms", trainer, "_my_samples"),
-        ):
+        for key, owner, name in (*host, ("collate_ms", trainer, "_micro_batches")):
             setattr(owner, name, self._timed(key, getattr(owner, name)))
         batches = trainer._micro_batches
         trainer._micro_batches = lambda samples: self._count(batches(samples))

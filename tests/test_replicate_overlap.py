@@ -4,7 +4,8 @@ Two gloo ranks (subprocesses of this file, `worker`) train one step of the shipp
 Llama) with small buckets;
 the test checks that the step equals one process training the whole batch, that the buckets started in order
 and mostly while the last backward was still running (timestamps against the backward's return), in fp32 and
-bf16-pure (the fp32 master path, the LM head's gradient through its sink), tied and untied heads.
+bf16-pure (the fp32 master path, the LM head's gradient through its sink), tied and untied heads. And the
+host side of a many-rank step: each rank prepares only its own groups' samples.
 """
 
 from __future__ import annotations
@@ -172,6 +173,34 @@ def test_buckets_start_in_order_while_the_backward_runs(runs: dict[str, Path], c
         least = result["buckets"] if case.startswith("fp32") else result["buckets"] // 2
         assert result["before_backward_end"] >= least
         assert result["early"] >= result["before_backward_end"]
+
+
+def test_each_rank_builds_only_its_groups_and_counts_the_whole_batch():
+    """`prepare(keep=...)`: a rank's samples are exactly its groups' ones from the full preparation, and the
+    counts (loss normaliser, metrics) are the whole batch's, whichever groups a rank keeps."""
+    from atropos_cli.trainer.scale.distributed import assign_groups
+    from atropos_cli.trainer.step.batching import prepare
+    from atropos_cli.trainer.step.metrics import reward_metrics
+
+    groups = _groups()
+    groups[2].masks = [[-100] * len(t) for t in groups[2].tokens]  # trains nothing: counted, never kept
+    groups[3].scores = [0.5] * 4  # no signal: dropped by dynamic sampling
+    full = prepare(groups, True, True, 30)
+    assert full.truncated > 0 and full.sequences == len(full.samples) == 16
+    seen: list = []
+    for rank in range(3):
+
+        def keep(loads: dict[int, int], rank: int = rank) -> set[int]:
+            assert sorted(loads) == [0, 1, 4, 5]  # the groups that train, with their tokens
+            order = sorted(loads)
+            return {order[i] for i in assign_groups([loads[g] for g in order], 3)[rank]}
+
+        part = prepare(groups, True, True, 30, keep)
+        assert reward_metrics(part) == reward_metrics(full)
+        assert (part.sequences, part.trained_tokens) == (full.sequences, full.trained_tokens)
+        assert full.trained_tokens == sum(s.num_trained for s in full.samples)
+        seen += [(s.group, s.tokens, s.advantages) for s in part.samples]
+    assert sorted(seen) == sorted((s.group, s.tokens, s.advantages) for s in full.samples)
 
 
 if __name__ == "__main__":

@@ -256,15 +256,18 @@ class GRPOTrainer:
         import torch
 
         cfg, started = self.config, time.perf_counter()
-        prepared = prepare(groups, self.loss_cfg.scale_rewards, self.loss_cfg.dynamic_sampling, cfg.max_len)
+        # many ranks: each builds only its own groups' samples (the counts stay the whole batch's)
+        keep = self._my_groups if self.dist is not None else None
+        loss_cfg = self.loss_cfg
+        prepared = prepare(groups, loss_cfg.scale_rewards, loss_cfg.dynamic_sampling, cfg.max_len, keep)
         metrics = reward_metrics(prepared)
-        if not prepared.samples:
+        if not prepared.sequences:
             return {**metrics, "skipped": True, "step_time_s": time.perf_counter() - started}
         self._set_lr()
-        norm = Normaliser(len(prepared.samples), sum(s.num_trained for s in prepared.samples))
+        norm = Normaliser(prepared.sequences, prepared.trained_tokens)
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
-        batches = self._micro_batches(self._my_samples(prepared.samples))
+        batches = self._micro_batches(prepared.samples)
         # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers (replicas
         # only meet once a step, in precision.step)
         fsdp_dist = None if self.replicated else self.dist
@@ -320,16 +323,11 @@ class GRPOTrainer:
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,
         }
 
-    def _my_samples(self, samples: list[Any]) -> list[Any]:
-        """This rank's whole groups of the step (`distributed.assign_groups`); all of them in one process."""
-        if self.dist is None:
-            return samples
-        loads: dict[int, int] = {}
-        for s in samples:
-            loads[s.group] = loads.get(s.group, 0) + len(s.tokens)
+    def _my_groups(self, loads: dict[int, int]) -> set[int]:
+        """This rank's whole groups of the step (`distributed.assign_groups` over the groups' token loads)."""
+        assert self.dist is not None
         order = sorted(loads)
-        mine = {order[i] for i in assign_groups([loads[g] for g in order], self.dist.world)[self.dist.rank]}
-        return [s for s in samples if s.group in mine]
+        return {order[i] for i in assign_groups([loads[g] for g in order], self.dist.world)[self.dist.rank]}
 
     def _filler(self) -> Any:
         """A two-token micro-batch whose loss is multiplied by zero (a rank with less work than the others)."""
