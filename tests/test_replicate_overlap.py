@@ -23,10 +23,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-CASES = {  # name: (dtype, tied head)
-    "fp32-tied": ("fp32", True),
-    "bf16pure-tied": ("bf16-pure", True),
-    "bf16pure-untied": ("bf16-pure", False),
+CASES = {  # name: (dtype, tied head, gradient checkpointing, groups in the batch)
+    "fp32-tied": ("fp32", True, False, 6),
+    "bf16pure-tied": ("bf16-pure", True, False, 6),
+    "bf16pure-untied": ("bf16-pure", False, False, 6),
+    "bf16pure-checkpointing": ("bf16-pure", True, True, 6),
+    "fp32-one-group": ("fp32", True, False, 1),  # rank 1 trains nothing: it sums its zeros in the same order
 }
 # The fp32 weights (masters) after one AdamW step of lr 1e-3, against one process: the gradient is the same sum in
 # another order and AdamW's first step is about lr x sign(gradient), so a gradient near zero may move its weight
@@ -38,12 +40,12 @@ FLIPPED = {"fp32": 0.0, "bf16-pure": 0.005}
 NORM = {"fp32": 1e-5, "bf16-pure": 1e-3}
 
 
-def _groups():
+def _groups(count: int = 6):
     from atropos_cli.types import ScoredGroup
 
     gen = torch.Generator().manual_seed(0)
     groups = []
-    for g in range(6):
+    for g in range(count):
         lengths = torch.randint(12, 40, (4,), generator=gen).tolist()
         tokens = [torch.randint(0, 256, (n,), generator=gen).tolist() for n in lengths]
         masks = [[-100] * 4 + t[4:] for t in tokens]
@@ -51,7 +53,7 @@ def _groups():
     return groups
 
 
-def _trainer(dtype: str, tied: bool, dist=None):
+def _trainer(dtype: str, tied: bool, checkpointing: bool = False, dist=None):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from atropos_cli.resources import resolve_model_path
@@ -73,6 +75,7 @@ def _trainer(dtype: str, tied: bool, dist=None):
         max_len=64,
         micro_batch_tokens=128,  # several micro-batches a rank: only the last one overlaps
         parallel="replicate",
+        gradient_checkpointing=checkpointing,
     )
     return GRPOTrainer(config, model=model, dist=dist)
 
@@ -88,11 +91,11 @@ def worker(case: str, out: str) -> None:
     from atropos_cli.trainer.scale.distributed import init_from_env
     from atropos_cli.trainer.step import precision
 
-    dtype, tied = CASES[case]
+    dtype, tied, checkpointing, count = CASES[case]
     replicate.BUCKET_BYTES = 64 * 1024  # many buckets on a tiny model
     precision.BUCKET = 4  # bf16-pure: gradients moved into the masters 4 at a time (a 0.5B model's 32: ~2 layers)
     dist = init_from_env("cpu", 60)
-    trainer = _trainer(dtype, tied, dist)
+    trainer = _trainer(dtype, tied, checkpointing, dist)
     backward_ends: list[float] = []
     original = torch.Tensor.backward
 
@@ -101,13 +104,14 @@ def worker(case: str, out: str) -> None:
         backward_ends.append(time.perf_counter())
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
-    metrics = trainer.step(_groups())
+    metrics = trainer.step(_groups(count))
     reducer = trainer.precision.reducer
     result = {
         "buckets": len(reducer.flats),
         "order": reducer.launch_order,
         "early": reducer.early,
-        "before_backward_end": sum(t < backward_ends[-1] for t in reducer.launch_times),
+        # None: this rank had no sample to train (its buckets all start in `finish`)
+        "before_backward_end": sum(t < backward_ends[-1] for t in reducer.launch_times) if backward_ends else None,
         "grad_norm": metrics["grad_norm"],
         "weights": _weights(trainer),
     }
@@ -150,10 +154,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_overlapped_sum_trains_like_one_process(runs: dict[str, Path], case: str):
-    dtype, tied = CASES[case]
+    dtype, tied, checkpointing, count = CASES[case]
     ranks = [json.loads((runs[case] / f"rank{r}.json").read_text()) for r in range(2)]
-    one = _trainer(dtype, tied)
-    metrics = one.step(_groups())
+    one = _trainer(dtype, tied, checkpointing)
+    metrics = one.step(_groups(count))
     expected = _weights(one)
     assert ranks[0]["weights"] == ranks[1]["weights"]  # replicas stay identical
     diffs = [abs(a - b) for key in expected for a, b in zip(ranks[0]["weights"][key], expected[key], strict=True)]
@@ -170,6 +174,9 @@ def test_buckets_start_in_order_while_the_backward_runs(runs: dict[str, Path], c
         # fp32: every bucket starts inside the backward (the embedding's, whose gradient comes last, as its last
         # node finishes). bf16-pure: gradients reach their masters BUCKET at a time, and a bucket holding a layer's
         # input norm (listed first in the layer, finished last) waits for the layer: half of these tiny buckets
+        if result["before_backward_end"] is None:  # a rank that trained nothing
+            assert CASES[case][3] == 1 and result["early"] == 0
+            continue
         least = result["buckets"] if case.startswith("fp32") else result["buckets"] // 2
         assert result["before_backward_end"] >= least
         assert result["early"] >= result["before_backward_end"]
