@@ -24,6 +24,7 @@ The driver launches `python -m torch.distributed.run --standalone --nproc-per-no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -78,6 +79,7 @@ def worker(args) -> None:
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
     device = dist.device if dist is not None else args.device
+    node = bind_near_gpu(device, args.near_gpu)
     cfg = qwen(args.shape)
     torch.manual_seed(0)
     with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
@@ -111,7 +113,7 @@ def worker(args) -> None:
     first = time.perf_counter() - started
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    probe = Probe(trainer, sync) if args.detail else None
+    probe = Probe(trainer, sync, node) if args.detail else None
     started = time.perf_counter()
     losses = []
     for batch in batches[args.warmup :]:
@@ -150,7 +152,8 @@ def worker(args) -> None:
             "warmup_s": first,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
-            "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k",
+            "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
+            + (", NUMA-bound" if args.near_gpu else ""),
         }
     details = (dist.gather(probe.steps) if dist is not None else [probe.steps]) if probe is not None else None
     if rank == 0:
@@ -161,17 +164,44 @@ def worker(args) -> None:
         dist.close()
 
 
+def bind_near_gpu(device: str, bind: bool) -> str:
+    """The NUMA node of this rank's GPU (sysfs, from its PCI address), and with `bind` (row flag `:numa`) every
+    thread of this process confined to that node's CPUs (a host-bound step launches from there); '' on a CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    try:  # (the PCI fields are in torch >= 2.9's device properties)
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        node = max(int(Path(f"/sys/bus/pci/devices/{address}/numa_node").read_text()), 0)
+        spans = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip().split(",")
+    except (AttributeError, OSError, ValueError) as exc:
+        return f"unknown ({exc.__class__.__name__})"
+    near = set()
+    for span in spans:
+        low, _, high = span.partition("-")
+        near.update(range(int(low), int(high or low) + 1))
+    cpus = near & os.sched_getaffinity(0)
+    if bind and cpus:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+    return f"{node}: {len(os.sched_getaffinity(0))}"
+
+
 class Probe:
     """`:detail` rows: what each timed step cost this rank: wall time, its micro-batches and tokens, host time in
     `prepare` (its groups chosen, its samples built, the batch counted) and collation, the GPU's backlog when the
     step reached the optimizer, the time then blocked on the gradient sum, gen-2 garbage collections.
     CUDA-synchronised around the optimizer step, so only here."""
 
-    def __init__(self, trainer, sync) -> None:
+    def __init__(self, trainer, sync, node: str) -> None:
         import gc
 
         from atropos_cli.trainer.step import grpo
 
+        self.node = node
         self.steps: list[dict] = []
         self.sync, self.trainer = sync, trainer
         self.cur: dict = {}
@@ -227,7 +257,7 @@ class Probe:
             self.cur["gc2_ms"] = self.cur.get("gc2_ms", 0.0) + (time.perf_counter() - self._gc_started) * 1e3
 
     def begin(self) -> None:
-        self.cur = {"started": time.perf_counter()}
+        self.cur = {"started": time.perf_counter(), "node": self.node}
 
     def end(self) -> None:
         self.cur["wall_s"] = time.perf_counter() - self.cur.pop("started")
@@ -241,7 +271,7 @@ def detail_lines(spec: str, detail: list[list[dict]]) -> list[str]:
         for i, d in enumerate(steps):
             gc2 = f"{d.get('gc2', 0)} / {d.get('gc2_ms', 0.0):.0f}"
             lines.append(
-                f"| {spec} | {rank} | {i} | {d['wall_s']:.3f} | {d.get('micro_batches', 0)} "
+                f"| {spec} | {rank} | {d.get('node', '')} | {i} | {d['wall_s']:.3f} | {d.get('micro_batches', 0)} "
                 f"| {d.get('my_tokens', 0):,} "
                 f"| {d.get('prepare_ms', 0.0):.1f} | {d.get('collate_ms', 0.0):.1f} | {d.get('gpu_tail_ms', 0.0):.1f} "
                 f"| {d.get('reduce_wait_ms', float('nan')):.1f} | {d.get('buckets', '')} | {gc2} |"
@@ -251,14 +281,15 @@ def detail_lines(spec: str, detail: list[list[dict]]) -> list[str]:
 
 DETAIL_HEAD = [
     "",
-    "Per rank and timed step (`:detail` rows): wall s; this rank's micro-batches and model tokens (filler included); "
+    "Per rank and timed step (`:detail` rows): the NUMA node of the rank's GPU and how many CPUs the rank may run on "
+    "(`:numa` rows: only that node's); wall s; this rank's micro-batches and model tokens (filler included); "
     "host ms in prepare + reward_metrics and in choosing/collating its micro-batches; GPU tail ms (the GPU finishing "
     "queued work when the host reached the optimizer); ms blocked on the gradient sum after that (replicate); "
     "buckets started during the backward / all; gen-2 GC count / ms.",
     "",
-    "| row | rank | step | wall s | micro-batches | tokens | prepare ms | collate ms | GPU tail ms | reduce wait ms "
-    "| buckets early/all | gen-2 GC n / ms |",
-    "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    "| row | rank | GPU's NUMA node: CPUs | step | wall s | micro-batches | tokens | prepare ms | collate ms "
+    "| GPU tail ms | reduce wait ms | buckets early/all | gen-2 GC n / ms |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
 ]
 
 
@@ -271,7 +302,7 @@ def row_shape(spec: str, plain_shape: str) -> str:
 
 
 def run_row(spec: str, args) -> dict:
-    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail]' -> its
+    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' -> its
     measurements (or the failure)."""
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
@@ -295,6 +326,8 @@ def run_row(spec: str, args) -> dict:
             extra += ["--profile"]
         elif flag == "detail":
             extra += ["--detail"]
+        elif flag == "numa":
+            extra += ["--near-gpu"]
         elif flag == "nocompile":
             extra += ["--no-compile"]
         elif flag in ("fsdp", "replicate"):
@@ -357,6 +390,7 @@ def main() -> None:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
     parser.add_argument("--detail", action="store_true", help="worker: per-rank, per-step costs (row flag :detail)")
+    parser.add_argument("--near-gpu", action="store_true", help="worker: bind to the GPU's NUMA node (row flag :numa)")
     parser.add_argument("--parallel", default="auto", help="worker: the trainer's --parallel (auto, fsdp, replicate)")
     parser.add_argument("--knobs", default="", help="worker: r (layers never reshard after forward)")
     parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
