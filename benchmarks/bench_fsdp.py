@@ -438,11 +438,10 @@ def main() -> None:
         print(line, flush=True)
         if r.get("detail"):
             details += detail_lines(spec, r["detail"])
+        if args.out:  # after every row: a run cut short keeps the rows it finished
+            Path(args.out).write_text("\n".join(lines + (DETAIL_HEAD + details if details else [])) + "\n")
     if details:
-        lines += DETAIL_HEAD + details
         print("\n".join(DETAIL_HEAD + details), flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,10 @@
 #   0.5b:4                     4 ranks at the defaults (`auto` picks FSDP at 4 ranks: the same as 0.5b:4:fsdp)
 #   0.5b:4:replicate:numa      4 replicas, each bound to its GPU's NUMA node (does host placement matter?)
 #   plain:1.5b:prof            the one-process 1.5B profile still owed (the MFU anomaly), printed in full
-# Every row's whole output is kept in $OUT/rows/; the tables in $OUT/fsdp.md and on stdout.
+# Every row's whole output is kept in $OUT/rows/; the tables in $OUT/fsdp.md (rewritten after each row, so a
+# run cut short keeps what finished) and on stdout (the per-rank table at the end).
 source benchmarks/device/setup.sh
 ROWS="plain:detail,0.5b:2:detail,0.5b:4:replicate:detail,0.5b:4:detail,0.5b:4:replicate:detail:numa,plain:1.5b:prof"
 timeout "${FSDP_TIMEOUT:-510}" python3 benchmarks/bench_fsdp.py --steps "${STEPS:-3}" --warmup 2 \
-  --row-timeout "${ROW_TIMEOUT:-100}" --logs "$OUT/rows" --rows "${FSDP_ROWS:-$ROWS}" \
+  --row-timeout "${ROW_TIMEOUT:-120}" --logs "$OUT/rows" --rows "${FSDP_ROWS:-$ROWS}" \
   --out "$OUT/fsdp.md" 2>&1 | grep -v "Warning\|warn" | tee "$OUT/fsdp.log"
