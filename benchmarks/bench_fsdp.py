@@ -24,6 +24,7 @@ The driver launches `python -m torch.distributed.run --standalone --nproc-per-no
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -78,6 +79,7 @@ def worker(args) -> None:
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
     device = dist.device if dist is not None else args.device
+    node = bind_near_gpu(device, args.near_gpu)
     cfg = qwen(args.shape)
     torch.manual_seed(0)
     with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
@@ -112,10 +114,16 @@ def worker(args) -> None:
     if device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.startswith("cuda") else 0
+    probe = Probe(trainer, sync, node) if args.detail else None
     started = time.perf_counter()
     losses = []
     for batch in batches[args.warmup :]:
-        losses.append(trainer.step(batch)["loss"])
+        if probe is not None:
+            probe.begin()
+        metrics = trainer.step(batch)
+        losses.append(metrics["loss"])
+        if probe is not None:
+            probe.end()
     sync()
     elapsed = time.perf_counter() - started
     timed = batches[args.warmup :]
@@ -153,11 +161,145 @@ def worker(args) -> None:
             "warmup_s": first,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
-            "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k",
+            "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
+            + (", NUMA-bound" if args.near_gpu else ""),
         }
+    details = (dist.gather(probe.steps) if dist is not None else [probe.steps]) if probe is not None else None
+    if rank == 0:
+        if details is not None:
+            row["detail"] = details
         print("ROW " + json.dumps(row), flush=True)
     if dist is not None:
         dist.close()
+
+
+def bind_near_gpu(device: str, bind: bool) -> str:
+    """The NUMA node of this rank's GPU (sysfs, from its PCI address), and with `bind` (row flag `:numa`) every
+    thread of this process confined to that node's CPUs (a host-bound step launches from there); '' on a CPU."""
+    import torch
+
+    if not device.startswith("cuda"):
+        return ""
+    props = torch.cuda.get_device_properties(device)
+    try:  # (the PCI fields are in torch >= 2.9's device properties)
+        address = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+        node = max(int(Path(f"/sys/bus/pci/devices/{address}/numa_node").read_text()), 0)
+        spans = Path(f"/sys/devices/system/node/node{node}/cpulist").read_text().strip().split(",")
+    except (AttributeError, OSError, ValueError) as exc:
+        return f"unknown ({exc.__class__.__name__})"
+    near = set()
+    for span in spans:
+        low, _, high = span.partition("-")
+        near.update(range(int(low), int(high or low) + 1))
+    cpus = near & os.sched_getaffinity(0)
+    if bind and cpus:
+        for tid in os.listdir("/proc/self/task"):
+            with contextlib.suppress(OSError):  # a thread that ended meanwhile
+                os.sched_setaffinity(int(tid), cpus)
+    return f"{node}: {len(os.sched_getaffinity(0))}"
+
+
+class Probe:
+    """`:detail` rows: what each timed step cost this rank: wall time, its micro-batches and tokens, host time in
+    `prepare` (its groups chosen, its samples built, the batch counted) and collation, the GPU's backlog when the
+    step reached the optimizer, the time then blocked on the gradient sum, gen-2 garbage collections.
+    CUDA-synchronised around the optimizer step, so only here."""
+
+    def __init__(self, trainer, sync, node: str) -> None:
+        import gc
+
+        from atropos_cli.trainer.step import grpo
+
+        self.node = node
+        self.steps: list[dict] = []
+        self.sync, self.trainer = sync, trainer
+        self.cur: dict = {}
+        host = ("prepare_ms", grpo, "prepare"), ("prepare_ms", grpo, "reward_metrics")
+        for key, owner, name in (*host, ("collate_ms", trainer, "_micro_batches")):
+            setattr(owner, name, self._timed(key, getattr(owner, name)))
+        batches = trainer._micro_batches
+        trainer._micro_batches = lambda samples: self._count(batches(samples))
+        step = trainer.precision.step
+        trainer.precision.step = lambda clip: self._gpu_tail(step, clip)
+        reducer = getattr(trainer.precision, "reducer", None)
+        if reducer is not None:
+            finish = reducer.finish
+            reducer.finish = lambda: self._reduce(finish, reducer)
+        gc.callbacks.append(self._gc)
+        self._gc_started = 0.0
+
+    def _timed(self, key, fn):
+        def timed(*args, **kwargs):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.cur[key] = self.cur.get(key, 0.0) + (time.perf_counter() - t) * 1e3
+
+        return timed
+
+    def _count(self, batches):
+        self.cur["micro_batches"] = self.cur.get("micro_batches", 0) + len(batches)
+        self.cur["my_tokens"] = self.cur.get("my_tokens", 0) + sum(mb.input_ids.numel() for mb in batches)
+        return batches
+
+    def _gpu_tail(self, step, clip):
+        t = time.perf_counter()
+        self.sync()  # the GPU finishing the backward the host already queued
+        self.cur["gpu_tail_ms"] = (time.perf_counter() - t) * 1e3
+        return step(clip)
+
+    def _reduce(self, finish, reducer):
+        t = time.perf_counter()
+        finish()
+        self.sync()
+        self.cur["reduce_wait_ms"] = (time.perf_counter() - t) * 1e3
+        self.cur["buckets"] = f"{reducer.early}/{len(reducer.flats)}"
+
+    def _gc(self, phase, info) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._gc_started = time.perf_counter()
+        else:
+            self.cur["gc2"] = self.cur.get("gc2", 0) + 1
+            self.cur["gc2_ms"] = self.cur.get("gc2_ms", 0.0) + (time.perf_counter() - self._gc_started) * 1e3
+
+    def begin(self) -> None:
+        self.cur = {"started": time.perf_counter(), "node": self.node}
+
+    def end(self) -> None:
+        self.cur["wall_s"] = time.perf_counter() - self.cur.pop("started")
+        self.steps.append(self.cur)
+
+
+def detail_lines(spec: str, detail: list[list[dict]]) -> list[str]:
+    """One table line per rank and timed step of a `:detail` row."""
+    lines = []
+    for rank, steps in enumerate(detail):
+        for i, d in enumerate(steps):
+            gc2 = f"{d.get('gc2', 0)} / {d.get('gc2_ms', 0.0):.0f}"
+            lines.append(
+                f"| {spec} | {rank} | {d.get('node', '')} | {i} | {d['wall_s']:.3f} | {d.get('micro_batches', 0)} "
+                f"| {d.get('my_tokens', 0):,} "
+                f"| {d.get('prepare_ms', 0.0):.1f} | {d.get('collate_ms', 0.0):.1f} | {d.get('gpu_tail_ms', 0.0):.1f} "
+                f"| {d.get('reduce_wait_ms', float('nan')):.1f} | {d.get('buckets', '')} | {gc2} |"
+            )
+    return lines
+
+
+DETAIL_HEAD = [
+    "",
+    "Per rank and timed step (`:detail` rows): the NUMA node of the rank's GPU and how many CPUs the rank may run on "
+    "(`:numa` rows: only that node's); wall s; this rank's micro-batches and model tokens (filler included); "
+    "host ms in prepare + reward_metrics and in choosing/collating its micro-batches; GPU tail ms (the GPU finishing "
+    "queued work when the host reached the optimizer); ms blocked on the gradient sum after that (replicate); "
+    "buckets started during the backward / all; gen-2 GC count / ms.",
+    "",
+    "| row | rank | GPU's NUMA node: CPUs | step | wall s | micro-batches | tokens | prepare ms | collate ms "
+    "| GPU tail ms | reduce wait ms | buckets early/all | gen-2 GC n / ms |",
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+]
 
 
 def row_shape(spec: str, plain_shape: str) -> str:
@@ -169,8 +311,8 @@ def row_shape(spec: str, plain_shape: str) -> str:
 
 
 def run_row(spec: str, args) -> dict:
-    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate]' -> its measurements (or the
-    failure)."""
+    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' -> its
+    measurements (or the failure)."""
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
     n = 1 if parts[0] == "plain" else int(parts[1])
@@ -192,6 +334,10 @@ def run_row(spec: str, args) -> dict:
             extra += ["--knobs", flag[2:]]
         elif flag == "prof":
             extra += ["--profile"]
+        elif flag == "detail":
+            extra += ["--detail"]
+        elif flag == "numa":
+            extra += ["--near-gpu"]
         elif flag == "nocompile":
             extra += ["--no-compile"]
         elif flag == "exp":
@@ -210,19 +356,32 @@ def run_row(spec: str, args) -> dict:
         env["CUDA_VISIBLE_DEVICES"] = args.gpu
     if alloc_conf:
         env["PYTORCH_CUDA_ALLOC_CONF"] = alloc_conf
-    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.row_timeout)
+    try:
+        result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=args.row_timeout)
+        stdout, stderr, late = result.stdout, result.stderr, False
+    except subprocess.TimeoutExpired as exc:  # the row's output so far is kept; the other rows still run
+        stdout, stderr, late = _text(exc.stdout), _text(exc.stderr), True
+    if args.logs:  # every row's whole output, kept (a failed row's cause is often above torchrun's summary)
+        Path(args.logs).mkdir(parents=True, exist_ok=True)
+        Path(args.logs, re.sub(r"[^\w.-]", "_", spec) + ".log").write_text(stdout + "\n--- stderr ---\n" + stderr)
     if "--profile" in extra:
-        print(result.stdout, flush=True)
-    for line in result.stdout.splitlines():
+        print(stdout, flush=True)
+    for line in stdout.splitlines():
         if line.startswith("ROW "):
             return {"spec": spec, **json.loads(line[4:])}
-    text = (result.stderr or "") + (result.stdout or "")
+    if late:
+        return {"spec": spec, "error": f"timed out after {args.row_timeout:.0f} s (--row-timeout)"}
+    text = (stderr or "") + (stdout or "")
     # the first exception line a rank printed (torchrun's own summary comes last and says nothing)
     cause = next(
         (ln.strip() for ln in text.splitlines() if re.match(r"\s*(\[rank\d+\]:?\s*)?\w+(Error|Exception)\b", ln)), ""
     )
     tail = text.strip().splitlines()[-3:]
     return {"spec": spec, "error": (cause or " / ".join(tail))[-300:]}
+
+
+def _text(data: bytes | str | None) -> str:
+    return data.decode(errors="replace") if isinstance(data, bytes) else (data or "")
 
 
 def main() -> None:
@@ -244,11 +403,14 @@ def main() -> None:
     parser.add_argument("--grad-sync", default="step")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
+    parser.add_argument("--detail", action="store_true", help="worker: per-rank, per-step costs (row flag :detail)")
+    parser.add_argument("--near-gpu", action="store_true", help="worker: bind to the GPU's NUMA node (row flag :numa)")
     parser.add_argument("--parallel", default="auto", help="worker: the trainer's --parallel (auto, fsdp, replicate)")
     parser.add_argument("--knobs", default="", help="worker: r (layers never reshard after forward)")
     parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
     parser.add_argument("--row-timeout", type=float, default=480)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--logs", default=None, help="driver: write each row's whole output to LOGS/ROW.log")
     args = parser.parse_args()
     if args.worker:
         worker(args)
@@ -267,6 +429,7 @@ def main() -> None:
     ]
     print("\n".join(lines), flush=True)
     base: dict[str, float] = {}  # shape -> its one-process row's tokens/s (weak scaling is against it)
+    details: list[str] = []  # the per-rank lines of `:detail` rows, printed under the main table
     plain_shape = "tiny" if args.tiny else "0.5b"
     for spec in args.rows.split(","):
         r = run_row(spec, args)
@@ -288,8 +451,12 @@ def main() -> None:
             )
         lines.append(line)
         print(line, flush=True)
-    if args.out:
-        Path(args.out).write_text("\n".join(lines) + "\n")
+        if r.get("detail"):
+            details += detail_lines(spec, r["detail"])
+        if args.out:  # after every row: a run cut short keeps the rows it finished
+            Path(args.out).write_text("\n".join(lines + (DETAIL_HEAD + details if details else [])) + "\n")
+    if details:
+        print("\n".join(DETAIL_HEAD + details), flush=True)
 
 
 if __name__ == "__main__":

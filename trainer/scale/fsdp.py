@@ -137,6 +137,9 @@ class ShardedPrecision:
     def after_backward(self) -> None:
         pass
 
+    def last_backward(self) -> None:
+        pass  # FSDP reduce-scatters inside its own backward hooks
+
     def step(self, grad_clip: float) -> Any:
         """Clip by the global gradient norm (over every rank's shards), update, zero; returns that norm."""
         grad_norm = torch.nn.utils.clip_grad_norm_(self.params, grad_clip)

@@ -1,27 +1,32 @@
 """Data parallelism without sharding: every rank holds the whole model, its fp32 master and AdamW, trains its
-share of the step's groups as one process would, and the gradients are summed over ranks once per step.
+share of the step's groups as one process would, and the gradients are summed over ranks during the step's last
+backward.
 
 Where it sits: `GRPOTrainer` asks `choose()` which way a many-rank run trains (`--parallel`), and with
-"replicate" hands `Precision` a `GradientSum` to call before clipping. FSDP2 (`fsdp.py`) is the other way.
+"replicate" hands `Precision.sum_over` an `OverlappedSum`, which then owns the fp32 gradients' storage: flat
+buckets of BUCKET_BYTES in the order the backward finishes them. In the last micro-batch each bucket's all-reduce
+starts asynchronously as its last gradient lands (DDP's scheme: NCCL runs it on its own stream beside the
+backward); the step waits for them before clipping. FSDP2 (`fsdp.py`) is the other way.
 
 Why both: FSDP2 pays host work on every layer of every micro-batch (its hooks, the all-gather copy-in/out of
 each parameter: `benchmarks/results/fsdp_gpu.md`), which a 0.5B step, already host-bound, cannot hide. A
-replicated step is the one-process step plus one bucketed all-reduce of the gradients at its end (not overlapped
-with the backward), at the price of the whole training state on every GPU (18 bytes a parameter, bf16-pure).
-Measured on 4 x H100 (NVLink), tokens/s per GPU against one process: 0.5B at 2 ranks replicate 89% vs FSDP 71%;
-at 4 ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. The end-of-step all-reduce
-grows with the gradient's size and the rank count while FSDP's collectives hide behind compute, so "auto"
-replicates only where it won: under REPLICATE_MAX_PARAMS parameters on two ranks.
+replicated step is the one-process step plus the gradient all-reduce, at the price of the whole training state
+on every GPU (18 bytes a parameter, bf16-pure). Measured on 4 x H100 (NVLink) BEFORE the overlap (one
+all-reduce after the backward), tokens/s per GPU against one process: 0.5B at 2 ranks replicate 89% vs FSDP
+71%; at 4 ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. So "auto" replicates
+only where it won then: under REPLICATE_MAX_PARAMS parameters on two ranks (to revisit once the overlapped sum
+is measured: `benchmarks/device/fsdp_four.sh`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["choose", "state_bytes", "GradientSum", "broadcast_weights", "REPLICATE_FRACTION"]
+__all__ = ["choose", "state_bytes", "OverlappedSum", "broadcast_weights", "REPLICATE_FRACTION"]
 
 Parallel = Literal["fsdp", "replicate"]
 REPLICATE_FRACTION = 0.4  # replicate when the whole training state is at most this much of one GPU
@@ -62,30 +67,90 @@ def broadcast_weights(model: Any, group: Any) -> None:
             dist.broadcast(tensor.data, src=source, group=group)
 
 
-class GradientSum:
-    """Sums a list of gradients over the ranks of `group` in place: flattened into buckets of BUCKET_BYTES
-    (one all-reduce each, not one per parameter), in the list's order, which every rank shares."""
+class OverlappedSum:
+    """The replicas' gradients summed over the ranks of `group`, bucket by bucket, while the step's last backward
+    still runs (DDP's scheme): the gradients live in flat buffers of about BUCKET_BYTES (`.grad` of each tensor is
+    a view into one), laid out in reverse order, the order the backward finishes them; in the last micro-batch
+    (`arm()`) each finished gradient is reported (`ready`) and a bucket whose every gradient is final starts its
+    all-reduce at once (`async_op=True`: NCCL runs it on its own stream while the backward goes on). Buckets start
+    strictly in order, so every rank issues the same collectives in the same order; `finish()` starts those left
+    (a rank that trained nothing, a gradient that never came) and waits for all of them.
 
-    def __init__(self, group: Any) -> None:
+    Events: each tensor expects one `ready` per armed backward (its post-accumulate hook), or what `expect` says
+    (the LM head's gradient also lands through a sink, `Precision.grad_sink`). A gradient reported after its
+    bucket started would be lost to the sum: that raises instead."""
+
+    def __init__(self, tensors: list[Any], group: Any, bucket_bytes: int | None = None) -> None:
+        bucket_bytes = bucket_bytes or BUCKET_BYTES
         self.group = group
-
-    def __call__(self, grads: list[Any]) -> None:
-        bucket: list[Any] = []
+        self.flats: list[Any] = []
+        self._slot: dict[int, int] = {}  # id(tensor) -> its bucket (ids only: hooks hold this object, no cycles)
+        self._count: dict[int, int] = {}  # id(tensor) -> events it expects per armed backward
+        members: list[list[Any]] = []
         size = 0
-        for grad in grads:
-            if bucket and grad.dtype != bucket[0].dtype:  # one dtype a flat bucket
-                self._reduce(bucket)
-                bucket, size = [], 0
-            bucket.append(grad)
-            size += grad.numel() * grad.element_size()
-            if size >= BUCKET_BYTES:
-                self._reduce(bucket)
-                bucket, size = [], 0
-        if bucket:
-            self._reduce(bucket)
+        for t in reversed(tensors):
+            nbytes = t.numel() * t.element_size()
+            if not members or t.dtype != members[-1][0].dtype or size + nbytes > bucket_bytes:
+                members.append([])
+                size = 0
+            members[-1].append(t)
+            size += nbytes
+        for index, bucket in enumerate(members):
+            flat = torch.zeros(sum(t.numel() for t in bucket), dtype=bucket[0].dtype, device=bucket[0].device)
+            offset = 0
+            for t in bucket:
+                t.grad = flat[offset : offset + t.numel()].view_as(t)
+                offset += t.numel()
+                self._slot[id(t)] = index
+                self._count[id(t)] = 1
+            self.flats.append(flat)
+        self.armed = False
+        self._left: list[int] = []
+        self._handles: list[Any] = []
+        self.early = 0  # buckets of the last step started during the backward (the rest by finish())
+        self.launch_order: list[int] = []  # the last step's buckets in the order they started
+        self.launch_times: list[float] = []  # and when (time.perf_counter())
 
-    def _reduce(self, bucket: list[Any]) -> None:
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat, group=self.group)
-        pieces = flat.split([g.numel() for g in bucket])
-        torch._foreach_copy_(bucket, [piece.view_as(g) for piece, g in zip(pieces, bucket, strict=True)])
+    def expect(self, tensor: Any, events: int) -> None:
+        """`tensor`'s gradient is final after this many `ready` reports per armed backward."""
+        self._count[id(tensor)] = events
+
+    def arm(self) -> None:
+        """The next backward is the step's last: report gradients and start buckets as they complete."""
+        self._left = [0] * len(self.flats)
+        for key, index in self._slot.items():
+            self._left[index] += self._count[key]
+        self._handles, self.launch_order, self.launch_times, self.early, self.armed = [], [], [], 0, True
+
+    def ready(self, tensors: list[Any]) -> None:
+        if not self.armed:
+            return
+        for t in tensors:
+            index = self._slot.get(id(t))
+            if index is None:
+                continue
+            if index < len(self._handles):
+                raise RuntimeError(f"a gradient came after its bucket's all-reduce started (bucket {index})")
+            self._left[index] -= 1
+        while len(self._handles) < len(self.flats) and self._left[len(self._handles)] <= 0:
+            self._launch()
+            self.early += 1
+
+    def _launch(self) -> None:
+        index = len(self._handles)
+        self.launch_order.append(index)
+        self.launch_times.append(time.perf_counter())
+        self._handles.append(dist.all_reduce(self.flats[index], group=self.group, async_op=True))
+
+    def finish(self) -> None:
+        """Start the buckets not started yet (in order) and wait for every one; the gradients are then summed."""
+        if not self.armed:  # no backward this step on this rank: its zeros still join the sum
+            self.arm()
+        while len(self._handles) < len(self.flats):
+            self._launch()
+        for handle in self._handles:
+            handle.wait()
+        self.armed = False
+
+    def zero(self) -> None:
+        torch._foreach_zero_(self.flats)

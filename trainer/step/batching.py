@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import array
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,7 +59,10 @@ class Sample:
 
 @dataclass
 class Prepared:
-    """One step's samples plus what the console and metrics.jsonl show about the groups."""
+    """One step's samples plus what the console and metrics.jsonl show about the groups.
+
+    `samples` are those of the kept groups (all of them unless `prepare` was given `keep`); the counts are over
+    the whole batch: `sequences` samples with a trained token, `trained_tokens` of them (the loss normaliser)."""
 
     samples: list[Sample] = field(default_factory=list)
     scores: list[float] = field(default_factory=list)
@@ -66,6 +70,8 @@ class Prepared:
     groups_with_signal: int = 0
     dropped_no_signal: int = 0
     truncated: int = 0
+    sequences: int = 0
+    trained_tokens: int = 0
 
 
 def group_advantages(scores: list[float], scale: bool) -> list[float]:
@@ -127,10 +133,22 @@ def teacher_logprobs(tokens: list[int], top_ids: list[list[int]], top_lps: list[
     return out
 
 
-def prepare(groups: list[ScoredGroup], scale_rewards: bool, dynamic_sampling: bool, max_len: int) -> Prepared:
-    """Samples for one step. Groups without token ids raise ValueError naming the fix (require_tokens)."""
+def prepare(
+    groups: list[ScoredGroup],
+    scale_rewards: bool,
+    dynamic_sampling: bool,
+    max_len: int,
+    keep: Callable[[dict[int, int]], set[int]] | None = None,
+) -> Prepared:
+    """Samples for one step. Groups without token ids raise ValueError naming the fix (require_tokens).
+
+    `keep` (a many-rank step): given each trained group's load (its samples' tokens, by group index), the groups
+    whose samples this rank builds; the others are only counted (a rank of 4 builds a quarter of the samples, the
+    per-token lists being the costly part, while the counts and metrics stay those of the whole batch)."""
     out = Prepared()
-    for group in groups:
+    trained: list[int] = []  # indices of the groups that train
+    loads: dict[int, int] = {}
+    for index, group in enumerate(groups):
         group.require_tokens()
         out.groups += 1
         out.scores.extend(group.scores)
@@ -139,10 +157,23 @@ def prepare(groups: list[ScoredGroup], scale_rewards: bool, dynamic_sampling: bo
         if dynamic_sampling and not has_signal:
             out.dropped_no_signal += 1
             continue
+        trained.append(index)
+        for tokens, masks in zip(group.tokens, group.masks, strict=True):
+            n = min(len(tokens), max_len)
+            out.truncated += int(len(tokens) > max_len)
+            count = n - 1 - masks[1:n].count(MASKED) if n > 1 else 0
+            if count > 0:
+                out.sequences += 1
+                out.trained_tokens += count
+                loads[index] = loads.get(index, 0) + n
+    mine = keep(loads) if keep is not None else set(loads)
+    for index in trained:
+        if index not in mine:
+            continue
+        group = groups[index]
         for i, adv in enumerate(group_advantages(group.scores, scale_rewards)):
-            sample, truncated = _sample(group, i, adv, max_len)
-            out.truncated += int(truncated)
-            sample.group = out.groups - 1
+            sample, _ = _sample(group, i, adv, max_len)
+            sample.group = index
             if sample.num_trained > 0:
                 out.samples.append(sample)
     return out

@@ -200,8 +200,11 @@ class GRPOTrainer:
             if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
                 replicate.broadcast_weights(self.model, dist.group)
             self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
-            if dist is not None:
-                self.precision.reduce_grads = replicate.GradientSum(dist.group)
+            if dist is not None:  # summed bucket by bucket while the step's last backward runs
+                reducer = replicate.OverlappedSum(self.precision.optimized, dist.group)
+                head = _body_and_head(self.model)[1]
+                tied = head is lora.unwrap(self.model).get_input_embeddings().weight
+                self.precision.sum_over(reducer, head, tied)
         self.optimizer = self.precision.optimizer
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
@@ -242,6 +245,8 @@ class GRPOTrainer:
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select).to(self.precision.compute_dtype)
         targets = mb.targets.reshape(-1).index_select(0, mb.select)
         sink = self.precision.grad_sink(head_weight) if torch.is_grad_enabled() else None
+        if sink is not None and isinstance(self.precision, Precision):
+            self.precision.watch_sink(hidden, head_weight)
         logp = flat_token_logprobs(hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink)
         out = torch.zeros(mb.loss_mask.numel(), dtype=logp.dtype, device=logp.device)
         return out.index_copy(0, mb.place, logp).view_as(mb.loss_mask)
@@ -251,15 +256,18 @@ class GRPOTrainer:
         import torch
 
         cfg, started = self.config, time.perf_counter()
-        prepared = prepare(groups, self.loss_cfg.scale_rewards, self.loss_cfg.dynamic_sampling, cfg.max_len)
+        # many ranks: each builds only its own groups' samples (the counts stay the whole batch's)
+        keep = self._my_groups if self.dist is not None else None
+        loss_cfg = self.loss_cfg
+        prepared = prepare(groups, loss_cfg.scale_rewards, loss_cfg.dynamic_sampling, cfg.max_len, keep)
         metrics = reward_metrics(prepared)
-        if not prepared.samples:
+        if not prepared.sequences:
             return {**metrics, "skipped": True, "step_time_s": time.perf_counter() - started}
         self._set_lr()
-        norm = Normaliser(len(prepared.samples), sum(s.num_trained for s in prepared.samples))
+        norm = Normaliser(prepared.sequences, prepared.trained_tokens)
         stats = LossStats()
         total_loss = torch.zeros((), device=self.device)
-        batches = self._micro_batches(self._my_samples(prepared.samples))
+        batches = self._micro_batches(prepared.samples)
         # every rank makes the same FSDP calls: a rank with fewer micro-batches runs zero-weight fillers (replicas
         # only meet once a step, in precision.step)
         fsdp_dist = None if self.replicated else self.dist
@@ -268,6 +276,8 @@ class GRPOTrainer:
             if fsdp_dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
+            if i == len(batches) - 1:  # replicas: this backward starts the gradient sum bucket by bucket
+                self.precision.last_backward()
             logp = self.policy(mb)
             ref = None
             if self.reference is not None:
@@ -313,16 +323,11 @@ class GRPOTrainer:
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,
         }
 
-    def _my_samples(self, samples: list[Any]) -> list[Any]:
-        """This rank's whole groups of the step (`distributed.assign_groups`); all of them in one process."""
-        if self.dist is None:
-            return samples
-        loads: dict[int, int] = {}
-        for s in samples:
-            loads[s.group] = loads.get(s.group, 0) + len(s.tokens)
+    def _my_groups(self, loads: dict[int, int]) -> set[int]:
+        """This rank's whole groups of the step (`distributed.assign_groups` over the groups' token loads)."""
+        assert self.dist is not None
         order = sorted(loads)
-        mine = {order[i] for i in assign_groups([loads[g] for g in order], self.dist.world)[self.dist.rank]}
-        return [s for s in samples if s.group in mine]
+        return {order[i] for i in assign_groups([loads[g] for g in order], self.dist.world)[self.dist.rank]}
 
     def _filler(self) -> Any:
         """A two-token micro-batch whose loss is multiplied by zero (a rank with less work than the others)."""

@@ -100,7 +100,7 @@ def reward_metrics(prepared: Any) -> dict[str, Any]:
         "groups": prepared.groups,
         "signal_fraction": prepared.groups_with_signal / prepared.groups if prepared.groups else 0.0,
         "dropped_no_signal": prepared.dropped_no_signal,
-        "sequences": len(prepared.samples),
+        "sequences": prepared.sequences,
         "truncated": prepared.truncated,
     }
 

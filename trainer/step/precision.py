@@ -16,7 +16,6 @@ Where it sits: `GRPOTrainer` builds one `Precision` and calls `after_backward()`
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 from typing import Any, Literal
 
 __all__ = ["Precision", "DTYPES", "Dtype"]
@@ -56,9 +55,39 @@ class Precision:
         else:
             self.master = None
             optimized = self.params
+        self.optimized: list[Any] = optimized
         self.optimizer = torch.optim.AdamW(optimized, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused)
-        # a replicated many-rank run (replicate.py) sums the gradients over ranks here, before clipping
-        self.reduce_grads: Callable[[list[Any]], None] | None = None
+        # a replicated many-rank run sums the gradients over ranks while the last backward runs (`sum_over`)
+        self.reducer: Any = None
+
+    def sum_over(self, reducer: Any, head: Any = None, tied: bool = False) -> None:
+        """Sum the gradients over ranks with `reducer` (`replicate.OverlappedSum` over `self.optimized`, which
+        now owns their storage): every finished gradient of the step's last backward is reported to it. `head`:
+        the LM head's weight, whose gradient lands through `grad_sink` (reported once that has happened, see
+        `watch_sink`), and through autograd too when it is `tied` to the input embedding."""
+        self.reducer = reducer
+        if self.master is not None:
+            self._bucket.reducer = reducer  # bf16-pure: a master gradient is final once its bucket is added
+        else:
+            for p in self.params:  # fp32 / bf16: autograd accumulates into the reducer's views themselves
+                p.register_post_accumulate_grad_hook(functools.partial(_report, reducer))
+        sink = self.grad_sink(head) if head is not None else None
+        if sink is not None:
+            owner = self.master[self._index[id(head)]] if self.master is not None else head
+            reducer.expect(owner, 2 if tied else 1)
+
+    def last_backward(self) -> None:
+        """The next forward/backward is the step's last: the reducer starts each bucket as it completes."""
+        if self.reducer is not None:
+            self.reducer.arm()
+
+    def watch_sink(self, hidden: Any, param: Any) -> None:
+        """`param`'s gradient is added into its sink by the backward that produces `hidden`'s gradient: report
+        it then (a hook on `hidden` runs right after), so its bucket need not wait for the backward's end."""
+        if self.reducer is None or not self.reducer.armed:
+            return
+        owner = self.master[self._index[id(param)]] if self.master is not None else param
+        hidden.register_hook(functools.partial(_report_sink, self.reducer, owner))
 
     @property
     def compute_dtype(self) -> Any:
@@ -84,22 +113,24 @@ class Precision:
             if p.grad is not None:
                 m.grad.add_(p.grad)
                 p.grad = None
+                if self.reducer is not None:
+                    self.reducer.ready([m])
 
     def step(self, grad_clip: float) -> Any:
         """Clip, update, zero; returns the pre-clip gradient norm (a device tensor: no host sync)."""
         import torch
 
-        optimized = self.master if self.master is not None else self.params
-        if self.reduce_grads is not None:  # every rank the same list: a rank that trained nothing adds zeros
-            for p in optimized:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            self.reduce_grads([p.grad for p in optimized])
+        optimized = self.optimized
+        if self.reducer is not None:  # every rank's buckets summed (a rank that trained nothing adds zeros)
+            self.reducer.finish()
         grad_norm = torch.nn.utils.clip_grad_norm_(optimized, grad_clip)
         self.optimizer.step()
         if self.master is not None:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.master)
+        if self.reducer is not None:  # the gradients are views into its buckets: zeroed in place
+            self.reducer.zero()
+        elif self.master is not None:
             torch._foreach_zero_([m.grad for m in self.master])
         else:
             self.optimizer.zero_grad(set_to_none=True)
@@ -136,9 +167,12 @@ class _Bucket:
     def __init__(self) -> None:
         self.sinks: list[Any] = []
         self.grads: list[Any] = []
+        self.masters: list[Any] = []
+        self.reducer: Any = None  # a replicated run: told which masters' gradients each flush completed
 
     def move(self, master: Any, param: Any) -> None:
         if param.grad is not None:  # None: the LM head, whose gradient went straight into `master.grad`
+            self.masters.append(master)
             self.sinks.append(master.grad)
             self.grads.append(param.grad)
             param.grad = None
@@ -150,5 +184,16 @@ class _Bucket:
 
         if self.grads:
             torch._foreach_add_(self.sinks, self.grads)
+            if self.reducer is not None:
+                self.reducer.ready(self.masters)
             self.sinks.clear()
             self.grads.clear()
+        self.masters.clear()
+
+
+def _report(reducer: Any, param: Any) -> None:
+    reducer.ready([param])
+
+
+def _report_sink(reducer: Any, owner: Any, grad: Any) -> None:
+    reducer.ready([owner])
