@@ -187,7 +187,8 @@ def main() -> None:
     parser.add_argument(
         "--variants",
         default="8:1,1:1,8:0",
-        help="rows of GROUP:COMPILE[:FUSED] (rollouts a prompt; 1 = compiled step; 1 = fused attention kernels)",
+        help="rows of GROUP:COMPILE[:ATTENTION] (rollouts a prompt; 1 = compiled step; attention: t = the Triton "
+        "decode kernel, f or 1 = torch's fused kernel per block, p or 0 = plain matmuls, a = the default)",
     )
     parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
@@ -212,11 +213,18 @@ def main() -> None:
         lines.append("vLLM is installed but not benchmarked by this script yet.")
     except ImportError:
         lines.append("vLLM: not installed on this machine (no row).")
-    lines += check_contract(model, args.device, vocab)
-    print("\n".join(lines), flush=True)
     import atropos_cli.inference.engine as engine_module
 
-    variants = [(v.split(":") + ["a"])[:3] for v in args.variants.split(",")]  # group:compile[:fused]
+    default = engine_module.attention_kind(args.device.startswith("cuda"))
+    try:
+        lines += [f"- the contract below is checked with the default decode attention: {default}"]
+        lines += check_contract(model, args.device, vocab)
+    except Exception as exc:  # the default kernel refused here: say so and measure the rest
+        lines += [f"- contract check failed ({default}): {type(exc).__name__}: {str(exc)[:300]}"]
+    print("\n".join(lines), flush=True)
+
+    variants = [(v.split(":") + ["a"])[:3] for v in args.variants.split(",")]  # group:compile[:attention]
+    kinds = {"t": "triton", "f": "fused", "1": "fused", "p": "plain", "0": "plain", "a": None}
     lines += [
         "",
         "| batch | rollouts a prompt | ours tok/s | step compiled | attention | ours first call s "
@@ -227,11 +235,17 @@ def main() -> None:
         gen = torch.Generator().manual_seed(batch)
         prompts = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).tolist()
         hf_by_group: dict[int, float] = {}
-        for group_s, comp, fused in variants:
+        for group_s, comp, attention in variants:
             group, compiled = int(group_s), comp == "1"
-            engine_module.FUSED_ATTENTION = None if fused == "a" else fused == "1"
-            kernel = {"1": "fused", "0": "plain", "a": "default"}[fused]
-            tps, first, _ = ours(model, prompts, args.new_tokens, args.device, group, compiled)
+            engine_module.ATTENTION = kinds[attention]
+            kernel = engine_module.attention_kind(args.device.startswith("cuda"))
+            try:
+                tps, first, _ = ours(model, prompts, args.new_tokens, args.device, group, compiled)
+            except Exception as exc:  # a variant that fails here (a kernel this GPU refuses) still lets the rest run
+                cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+                lines.append(f"| {batch} | {group} | failed: {type(exc).__name__}: {cause} | | {kernel} | | | | |")
+                print(lines[-1], flush=True)
+                continue
             if not hf_by_group and not args.no_generate:  # generate shares nothing: one row count, one time
                 hf_by_group[0] = hf_generate(model, prompts, args.new_tokens, args.device, group)
             hf = hf_by_group.get(0)

@@ -11,7 +11,10 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   A group's n rows never copy or re-read each other's prompt: the prompt is prefilled once and its keys/values
   are read once a step for all n rows (`group_attention`: the group's n x (query heads per KV head) query rows
   attend to the shared block as one batch; each row attends to its own tokens apart; the two partial results
-  are merged by their log-sum-exps, so the result is exactly attention over prompt + row).
+  are merged by their log-sum-exps, so the result is exactly attention over prompt + row). On CUDA, where Triton
+  imports, one kernel does both parts in one pass (`decode_attention.py`: an online softmax over the group's
+  prompt entries then the row's own, each key/value read once for a KV head's query heads): one launch a layer
+  instead of a query copy, two attention kernels and the merge (`ATTENTION` picks the path).
 - **Continuous batching by group slot.** A finished group frees its slot; the next queued group is prefilled
   into it while the others keep decoding.
 - **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
@@ -24,7 +27,8 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   2.4x at batch 64 over the eager step; compiling layer by layer instead gave no gain). The price is compile time
   on the first call: one compile per engine shape and generation bucket.
 - Sampling noise is a counter-based hash of (row seed, token index, vocab id): a seeded row gets the same noise
-  whatever slot or batch it lands in. Its tokens are bitwise the same across identical calls; alone vs batched
+  whatever slot or batch it lands in. The [rows x vocabulary] part runs in int32 (`_mix32`, bit for bit the
+  int64 hash: GPUs emulate int64 multiplies). Its tokens are bitwise the same across identical calls; alone vs batched
   they are the same unless a near-tie in the logits flips (batched products can round differently).
 """
 
@@ -101,7 +105,19 @@ def supports(model: Any) -> bool:
     return attn is not None and hasattr(attn, "layer_idx")
 
 
-FUSED_ATTENTION: bool | None = None  # None: the fused kernels on CUDA, the plain one elsewhere
+# How decode attention runs: "triton" (one kernel over both blocks, `decode_attention.py`), "fused" (torch's
+# memory-efficient kernel on each block, merged by log-sum-exps) or "plain" (matmuls). None: "triton" on CUDA
+# where Triton imports, else "fused" on CUDA and "plain" elsewhere. The benchmark sets it to compare them.
+ATTENTION: str | None = None
+
+
+def attention_kind(is_cuda: bool) -> str:
+    """The decode attention this process uses on a CUDA or a CPU tensor (`ATTENTION` resolved)."""
+    if ATTENTION is not None:
+        return ATTENTION
+    from atropos_cli.inference import decode_attention
+
+    return ("triton" if decode_attention.available() else "fused") if is_cuda else "plain"
 
 
 def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool) -> tuple[Any, Any]:
@@ -143,7 +159,16 @@ def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     hk, n = kv.heads, kv.width
     g, r = s // n, hq // hk
     scale = scaling if scaling is not None else d**-0.5
-    fused = query.is_cuda if FUSED_ATTENTION is None else FUSED_ATTENTION
+    kind = attention_kind(query.is_cuda)
+    if kind == "triton":
+        from atropos_cli.inference.decode_attention import decode_attention
+
+        out = decode_attention(
+            query[:, :, 0, :], kv.prompt_k[layer], kv.prompt_v[layer], kv.gen_k[layer], kv.gen_v[layer],
+            kv.prompt_len, kv.gen_pos, n, kv.bucket, scale,
+        )  # fmt: skip
+        return out.reshape(s, 1, hq, d), None
+    fused = kind == "fused"
     q = query.reshape(s, hk, r, d)
     qg = q.reshape(g, n, hk, r, d).permute(0, 2, 1, 3, 4).reshape(g, hk, n * r, d)
     bucket = kv.bucket
@@ -238,7 +263,7 @@ class _Capture:
 
 
 def _mix(x: Any) -> Any:
-    """A 32-bit integer hash round on int64 tensors (constants < 2^31: no int64 overflow)."""
+    """A 32-bit integer hash round on int64 tensors holding values < 2^32 (constants < 2^31: no overflow)."""
     x = x ^ (x >> 16)
     x = (x * 0x7FEB352D) & _MASK32
     x = x ^ (x >> 15)
@@ -246,12 +271,23 @@ def _mix(x: Any) -> Any:
     return x ^ (x >> 16)
 
 
+def _mix32(x: Any) -> Any:
+    """`_mix` on int32 tensors, bit for bit: the multiplies wrap modulo 2^32 as the masked int64 ones do, and the
+    right shifts are made logical by masking the sign bits. For the [rows x vocabulary] noise: int64 multiplies
+    are emulated on GPUs (several instructions each), int32 ones are native."""
+    x = x ^ ((x >> 16) & 0xFFFF)
+    x = x * 0x7FEB352D
+    x = x ^ ((x >> 15) & 0x1FFFF)
+    x = x * 0x68E31DA5
+    return x ^ ((x >> 16) & 0xFFFF)
+
+
 def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any, counters: Any, use_top_p: bool):
     """(token, raw logprob) per row from fp32 logits [S, V]: argmax where `greedy`, else Gumbel-max over
     logits / T restricted to the top-p nucleus when `use_top_p`; noise = hash(seed, counter, vocab id)."""
     import torch
 
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    vocab = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
     lse = torch.logsumexp(logits, dim=-1)
     scaled = logits * inv_temp[:, None]
     if use_top_p:
@@ -261,9 +297,9 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
         keep = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)
         threshold = sorted_probs.gather(1, keep - 1)
         scaled = scaled.masked_fill(probs < threshold, float("-inf"))
-    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32)
-    bits = _mix((row[:, None] + vocab[None, :] * 0x1B873593) & _MASK32)
-    uniform = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32).to(torch.int32)  # [rows]: int64 is cheap here
+    bits = _mix32(row[:, None] + vocab[None, :] * 0x1B873593)  # [rows, vocab]: int32, wrapping
+    uniform = (((bits >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = scaled - torch.log(-torch.log(uniform))
     token = torch.where(greedy, logits.argmax(-1), noisy.argmax(-1))
     return token, logits.gather(1, token[:, None])[:, 0] - lse

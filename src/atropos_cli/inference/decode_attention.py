@@ -1,0 +1,171 @@
+"""The engine's decode attention as one Triton kernel: a row's query heads over its group's shared prompt block,
+then over its own generation block, in one pass with an online softmax (flash-decoding).
+
+Where it sits: `engine.group_attention` calls `decode_attention(...)` once a layer a decode step on CUDA when
+Triton imports (`available()`); the two-part path (torch's fused kernel on each block, merged by log-sum-exps)
+stays as the fallback and as the variant `bench_generation.py` compares against. The kernel replaces, per layer
+and step, the query copy, two attention kernels with their expanded bias tensors, and the merge: one launch.
+
+Layout (the engine's `GroupCache`): prompt blocks [groups, kv heads, prompt_len, dim], generation blocks [rows,
+kv heads, gen_len, dim] with rows = groups x width (row s belongs to group s // width). Row s attends to its
+group's prompt entries [0, prompt_len[group]) and its own generation entries [0, gen_pos[s]] (the current token's
+key/value is already written at gen_pos[s]), never past `bucket`. One program per (row, kv head) holds that KV
+head's `hq / hk` query heads (padded to 16 rows for `tl.dot`, the GQA trick): each key/value is read once for
+all of them. A group's rows read the same prompt entries, which stay in L2 between them.
+
+Registered with `torch.library.triton_op`, so torch.compile traces it as a user-defined Triton kernel inside the
+compiled decode step and CUDA-graph capture records it like any kernel. Tests run it on CPU tensors through
+Triton's interpreter (TRITON_INTERPRET=1).
+"""
+
+# no `from __future__ import annotations`: triton_op reads the op's annotations as real types
+
+import functools
+from typing import Any
+
+__all__ = ["available", "decode_attention"]
+
+BLOCK_N = 64  # keys per inner iteration
+
+
+@functools.cache
+def available() -> bool:
+    """Whether Triton and torch's triton_op are importable (the kernel is built on first use)."""
+    try:
+        import triton  # noqa: F401
+        from torch.library import triton_op, wrap_triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _interpreted() -> bool:
+    import os
+
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@functools.cache
+def _op() -> Any:
+    """The registered custom op (built once: defining it needs triton)."""
+    import torch
+    import triton
+    import triton.language as tl
+    from torch.library import triton_op, wrap_triton
+
+    @triton.jit
+    def _kernel(
+        q_ptr, pk_ptr, pv_ptr, gk_ptr, gv_ptr, plen_ptr, gpos_ptr, out_ptr,
+        sq_row, sq_head,
+        sp_group, sp_head, sp_pos,
+        sg_row, sg_head, sg_pos,
+        so_row, so_head,
+        width, bucket, scale,
+        R: tl.constexpr, R_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
+    ):  # fmt: skip
+        row = tl.program_id(0)
+        head = tl.program_id(1)
+        group = row // width
+        offs_r = tl.arange(0, R_PAD)
+        offs_d = tl.arange(0, D)
+        offs_n = tl.arange(0, BLOCK)
+        r_ok = offs_r < R
+        q_heads = head * R + offs_r
+        q = tl.load(q_ptr + row * sq_row + q_heads[:, None] * sq_head + offs_d[None, :], mask=r_ok[:, None], other=0.0)
+        if UPCAST:  # Triton's interpreter multiplies bf16 as raw bits: its dots run in fp32 (tests only)
+            q = q.to(tl.float32)
+        m = tl.full([R_PAD], -1.0e30, dtype=tl.float32)
+        total = tl.zeros([R_PAD], dtype=tl.float32)
+        acc = tl.zeros([R_PAD, D], dtype=tl.float32)
+        # the group's shared prompt entries [0, plen)
+        plen = tl.load(plen_ptr + group).to(tl.int32)
+        p_base = group * sp_group + head * sp_head
+        for start in range(0, plen, BLOCK):
+            pos = start + offs_n
+            ok = pos < plen
+            k = tl.load(pk_ptr + p_base + pos[:, None] * sp_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(pv_ptr + p_base + pos[:, None] * sp_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(ok[None, :], s, -1.0e30)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            total = total * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        # the row's own generated entries [0, gen_pos], at most `bucket`
+        glen = tl.minimum(tl.load(gpos_ptr + row).to(tl.int32) + 1, bucket)
+        g_base = row * sg_row + head * sg_head
+        for start in range(0, glen, BLOCK):
+            pos = start + offs_n
+            ok = pos < glen
+            k = tl.load(gk_ptr + g_base + pos[:, None] * sg_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
+            v = tl.load(gv_ptr + g_base + pos[:, None] * sg_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
+            if UPCAST:
+                k, v = k.to(tl.float32), v.to(tl.float32)
+            s = tl.dot(q, tl.trans(k)) * scale
+            s = tl.where(ok[None, :], s, -1.0e30)
+            m_new = tl.maximum(m, tl.max(s, 1))
+            p = tl.exp(s - m_new[:, None])
+            alpha = tl.exp(m - m_new)
+            total = total * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+            m = m_new
+        out = acc / total[:, None]
+        tl.store(
+            out_ptr + row * so_row + q_heads[:, None] * so_head + offs_d[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=r_ok[:, None],
+        )
+
+    @triton_op("atropos::group_decode_attention", mutates_args={})
+    def group_decode_attention(
+        q: torch.Tensor,
+        prompt_k: torch.Tensor,
+        prompt_v: torch.Tensor,
+        gen_k: torch.Tensor,
+        gen_v: torch.Tensor,
+        prompt_len: torch.Tensor,
+        gen_pos: torch.Tensor,
+        width: int,
+        bucket: int,
+        scale: float,
+    ) -> torch.Tensor:
+        rows, hq, dim = q.shape
+        hk = prompt_k.shape[1]
+        r = hq // hk
+        out = torch.empty((rows, hq, dim), dtype=q.dtype, device=q.device)
+        wrap_triton(_kernel)[(rows, hk)](
+            q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, out,
+            q.stride(0), q.stride(1),
+            prompt_k.stride(0), prompt_k.stride(1), prompt_k.stride(2),
+            gen_k.stride(0), gen_k.stride(1), gen_k.stride(2),
+            out.stride(0), out.stride(1),
+            width, bucket, scale,
+            R=r, R_PAD=max(16, triton.next_power_of_2(r)), D=dim, BLOCK=BLOCK_N, UPCAST=_interpreted(),
+        )  # fmt: skip
+        return out
+
+    return group_decode_attention
+
+
+def decode_attention(
+    q: Any,
+    prompt_k: Any,
+    prompt_v: Any,
+    gen_k: Any,
+    gen_v: Any,
+    prompt_len: Any,
+    gen_pos: Any,
+    width: int,
+    bucket: int,
+    scale: float,
+) -> Any:
+    """Attention of each row's query heads q [rows, hq, dim] over its group's prompt entries [0, prompt_len[g])
+    and its own generation entries [0, gen_pos[row]] (at most `bucket`): [rows, hq, dim] in q's dtype.
+
+    prompt_k/v [groups, hk, prompt_len_max, dim] and gen_k/v [rows, hk, gen_len, dim] must have a unit stride in
+    their last dimension (the engine's blocks are contiguous); dim a power of two >= 16."""
+    return _op()(q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, width, bucket, scale)
