@@ -73,7 +73,12 @@ class LocalSync:
         copy_weights(trainer.model, model)
         generate_s = getattr(self.backend, "generate_s", 0.0)  # the engine's sampling time since the last step
         self._generated, since = generate_s, generate_s - getattr(self, "_generated", 0.0)
-        return {"sync_s": time.perf_counter() - started, "generate_s": since}
+        metrics = {"sync_s": time.perf_counter() - started, "generate_s": since}
+        batcher = getattr(self.backend, "batcher", None)
+        if batcher is not None:  # engine batches since the last step (one, when the step's rollouts came together)
+            batches = batcher.batches_run + batcher.batches_split
+            metrics["engine_batches"], self._batches = batches - getattr(self, "_batches", 0), batches
+        return metrics
 
 
 class ColocateSync:
