@@ -210,11 +210,12 @@ class LocalBackend:
 
     def rows_that_fit(self, tokens_per_row: int, share: float = 0.5) -> int:
         """How many rows of `tokens_per_row` tokens the engine's KV cache can hold in `share` of the device's free
-        memory (CUDA); unbounded elsewhere (the CPU path's cache grows with the batch, as the model's would)."""
+        memory (CUDA); unbounded elsewhere (the CPU path's cache grows with the batch, as the model's would) and
+        for an engine that holds no model here (the colocated vLLM pages its own cache and admits what fits)."""
         import torch
 
         model = self._state.model
-        if model.device.type != "cuda":
+        if model is None or model.device.type != "cuda":
             return 1 << 30
         cfg = model.config
         heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
