@@ -10,7 +10,10 @@ tokens a row (no EOS: every row runs to its budget), temperature 1, top-p 1. Rep
 "ours" = `StaticEngine.run` (what `LocalBackend` uses on CUDA); "ours, loop" = the CPU path `sample_rows`.
 The loop split runs `atropos train arithmetic` on the same shape with a 384-token vocabulary (the shipped tiny
 tokenizer: 358M parameters) and reads `metrics.jsonl`: generate_s (sampling), step_time_s (the optimizer step),
-sync_s, and the rest of the step's wall time (env scoring, batching, the trainer's bookkeeping).
+sync_s, the rest of the step's wall time (env scoring, batching, the trainer's bookkeeping) and engine_batches
+(the engine batches a step's rollouts took: 1 when the step's 32 x 8 rows came together).
+
+    python benchmarks/bench_generation.py --loop-only --loop-steps 5   # only the loop split (loop_split.sh)
 """
 
 from __future__ import annotations
@@ -153,17 +156,24 @@ def loop_split(args) -> list[str]:
         "--env.max_token_length", "256", "--steps", str(args.loop_steps), "--out", str(work / "run"), "--lr", "1e-6",
     ]  # fmt: skip
     started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    note = ""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.loop_timeout)
+        if proc.returncode:
+            return [f"loop failed ({proc.returncode}): {proc.stderr[-1500:]}"]
+    except subprocess.TimeoutExpired:  # the steps that finished are still in metrics.jsonl
+        note = f" (stopped at --loop-timeout {args.loop_timeout:.0f} s)"
     wall = time.perf_counter() - started
-    if proc.returncode:
-        return [f"loop failed ({proc.returncode}): {proc.stderr[-1500:]}"]
-    rows = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    metrics = work / "run" / "metrics.jsonl"
+    rows = [json.loads(x) for x in metrics.read_text().splitlines() if x.strip()] if metrics.is_file() else []
     lines = [
-        f"`atropos train arithmetic --model <0.5B shape, {params / 1e6:.0f}M params, random> --env.max_token_length "
-        f"256 --steps {args.loop_steps}` (defaults otherwise: 32 groups x 8 a step), {wall:.0f} s in all:",
+        f"`atropos train arithmetic --model <{'tiny' if args.tiny else '0.5B'} shape, {params / 1e6:.0f}M params, "
+        "random> --env.max_token_length "
+        f"256 --steps {args.loop_steps}` (defaults otherwise: 32 groups x 8 a step), {wall:.0f} s in all{note}:",
         "",
-        "| step | wall s | generation s | scoring + other s | training s | weight sync s | rollout tokens |",
-        "|---|---|---|---|---|---|---|",
+        "| step | wall s | generation s | scoring + other s | training s | weight sync s | engine batches "
+        "| rollout tokens |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "step_time_s" not in r:
@@ -171,8 +181,11 @@ def loop_split(args) -> list[str]:
         loop, gen, train, sync = (r.get(k, 0.0) for k in ("loop_s", "generate_s", "step_time_s", "sync_s"))
         lines.append(
             f"| {r['step']} | {loop:.2f} | {gen:.2f} | {loop - gen - train - sync:.2f} | {train:.2f} | {sync:.2f} "
-            f"| {r.get('padded_tokens', 0)} |"
+            f"| {r.get('engine_batches', '-')} | {r.get('padded_tokens', 0)} |"
         )
+    later = [r["loop_s"] for r in rows if "step_time_s" in r and "loop_s" in r][1:]
+    if later:
+        lines += ["", f"Steps after the first: mean {sum(later) / len(later):.2f} s, worst {max(later):.2f} s a step."]
     return lines
 
 
@@ -193,8 +206,13 @@ def main() -> None:
     parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
     parser.add_argument("--loop-steps", type=int, default=3)
+    parser.add_argument("--loop-timeout", type=float, default=None, help="stop the loop after this many seconds")
+    parser.add_argument("--loop-only", action="store_true", help="only the one-command loop split")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.loop_only:
+        _emit(loop_split(args), args.out)
+        return
 
     model = build_model(args.tiny, args.device)
     vocab = model.config.vocab_size
@@ -262,10 +280,14 @@ def main() -> None:
     del model
     if not args.no_loop:
         lines += ["", *loop_split(args)]
+    _emit(lines, args.out)
+
+
+def _emit(lines: list[str], out: str | None) -> None:
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
+    if out:
+        Path(out).write_text(text + "\n")
 
 
 if __name__ == "__main__":

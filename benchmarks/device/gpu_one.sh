@@ -3,7 +3,8 @@
 # 8k micro-batches, mixed and equal) beside Atropos' example trainer.
 source benchmarks/device/setup.sh
 timeout ${GEN_TIMEOUT:-330} python3 benchmarks/bench_generation.py --out "$OUT/generation.md" \
-  --batches ${GEN_BATCHES:-64,512} --variants ${GEN_VARIANTS:-8:1} --old-loop-batches none ${GEN_ARGS:-} 2>&1 \
+  --batches ${GEN_BATCHES:-64,512} --variants ${GEN_VARIANTS:-8:1} --old-loop-batches none \
+  --loop-steps ${LOOP_STEPS:-5} ${GEN_ARGS:-} 2>&1 \
   | grep -v "Warning\|warn\|shards" | tee "$OUT/gen.log"
 [ "${TRAIN:-1}" = 1 ] || exit 0
 TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0 timeout ${TRAIN_TIMEOUT:-240} python3 \

@@ -6,13 +6,15 @@ transformers engine, a vLLM server we launch, or a user's server) and hands `Env
 over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
 synced, and only then is the next step collected: every group is sampled from the weights of the step before
 it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the stream, so
-the same --seed samples the same rollouts from the same weights. Failed rollouts are counted, never dropped
-silently; groups without token ids are refused with a hint, since they cannot be trained on.
+the same --seed samples the same rollouts from the same weights. The step's rows are announced to an in-process
+engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
+never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -81,7 +83,8 @@ class EnvRollouts:
         if not items:
             return None
         first, self.items_taken = self.items_taken, self.items_taken + len(items)
-        outcomes = await asyncio.gather(*(collect_group(self.env, item, first + i) for i, item in enumerate(items)))
+        with self._one_batch(len(items)):
+            outcomes = await asyncio.gather(*(collect_group(self.env, item, first + i) for i, item in enumerate(items)))
         groups: list[ScoredGroup] = []
         for outcome in outcomes:
             self.counts.add_failures(outcome)
@@ -100,6 +103,14 @@ class EnvRollouts:
                 hint="serve the model with a tokenizer (--openai.tokenizer_name) or use --inference local",
             )
         return groups
+
+    def _one_batch(self, groups: int) -> Any:
+        """The step's rollouts (`groups` x group size rows) announced to an in-process engine, so they reach it as
+        one batch instead of several that each pay the full generation tail; a no-op for a server elsewhere."""
+        expecting = getattr(self.backend, "expecting", None)
+        if expecting is None:
+            return contextlib.nullcontext()
+        return expecting(groups * int(self.env_config.group_size), int(self.env_config.max_token_length))
 
     def close(self) -> None:
         """Cancel what a Ctrl-C left half-collected (so no task resumes and re-raises), then stop the engine."""

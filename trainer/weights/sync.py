@@ -73,12 +73,13 @@ class LocalSync:
             )
         copy_weights(trainer.model, model)
         metrics: dict[str, Any] = {"sync_s": time.perf_counter() - started}
-        # since the last step: the engine's sampling seconds, its batches and the static engines it built (a
-        # build is a compile: a loop that builds engines after its first steps is paying compiles every step)
+        # since the last step: the engine's sampling seconds, its batches (one when the step's rollouts came
+        # together; a batch split after a failure counts too) and the static engines it built (a build is a
+        # compile: a loop that builds engines after its first steps is paying compiles every step)
         batcher = getattr(self.backend, "batcher", None)
         counters = {
             "generate_s": getattr(self.backend, "generate_s", 0.0),
-            "engine_batches": getattr(batcher, "batches_run", 0),
+            "engine_batches": getattr(batcher, "batches_run", 0) + getattr(batcher, "batches_split", 0),
             "engine_builds": getattr(self.backend, "engine_builds", 0),
         }
         for name, total in counters.items():

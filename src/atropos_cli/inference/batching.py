@@ -7,7 +7,10 @@ worker thread, so the event loop never blocks on the model and model calls never
 between two calls is therefore atomic). Jobs that arrive while a batch runs wait in the queue and form the
 next batch. A batch that raises is re-run one job at a time, so one failing job fails its own caller only.
 An HTTP server announces each request as it starts reading it (`arriving()`), and the collector
-keeps the batch open while announced requests are still on their way. Knows nothing about torch.
+keeps the batch open while announced requests are still on their way. A producer that knows how many rows it is
+about to send (the one-command loop: a step's groups x group size) says so with `expecting(rows)`: the batch then
+stays open until those rows have been submitted (at most `expect_hold_s`), so one step's rollouts reach the
+engine as one batch even when the env does some work before each request. Knows nothing about torch.
 """
 
 from __future__ import annotations
@@ -46,12 +49,14 @@ class RequestBatcher(Generic[J, R]):
         max_batch_size: int = 128,
         max_wait_s: float = 0.002,
         max_hold_s: float = 0.05,
+        expect_hold_s: float = 0.25,
     ) -> None:
         self._run = run
         self._size = size
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
         self.max_hold_s = max_hold_s
+        self.expect_hold_s = expect_hold_s
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="atropos-model")
         self._queue: asyncio.Queue[_Pending[J]] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -60,6 +65,8 @@ class RequestBatcher(Generic[J, R]):
         self.rows_run = 0
         self.batches_split = 0  # batches that raised and were re-run one job at a time
         self._arriving = 0  # jobs announced by `arriving()` and not queued yet
+        self._expected = 0  # rows announced by `expecting()` and not submitted yet
+        self.expect_timeouts = 0  # batches that closed at expect_hold_s with expected rows still missing
 
     def _ensure_started(self) -> asyncio.Queue[_Pending[J]]:
         loop = asyncio.get_running_loop()
@@ -89,11 +96,25 @@ class RequestBatcher(Generic[J, R]):
             slot[1] = False
             self._arriving -= 1
 
+    @contextlib.contextmanager
+    def expecting(self, rows: int) -> Iterator[None]:
+        """Announce `rows` rows that are about to be submitted (e.g. one training step's rollouts): until they all
+        are, the collector keeps its batch open for them (up to `expect_hold_s` from the batch's first job; a
+        batch that reaches the hold drops what is still expected, so stragglers never hold a second batch).
+        Rows beyond `max_batch_size` still form further batches. One producer at a time: the block's exit
+        clears what is left."""
+        self._expected = max(0, rows)
+        try:
+            yield
+        finally:
+            self._expected = 0
+
     async def submit(self, job: J) -> R:
         """Queue one job and wait for its result (or its exception)."""
         queue = self._ensure_started()
         future: asyncio.Future[R] = asyncio.get_running_loop().create_future()
         queue.put_nowait(_Pending(job, future))
+        self._expected = max(0, self._expected - self._size(job))
         self._end_announcement(_announcement.get())
         return await future
 
@@ -106,21 +127,29 @@ class RequestBatcher(Generic[J, R]):
         batch = [carry.popleft() if carry else await queue.get()]
         rows = self._size(batch[0].job)
         # Wait for a quiet gap of max_wait_s after the LAST arrival (requests parsed one by one by an HTTP
-        # server trickle in ~1 ms apart), but never longer than max_hold_s in total.
-        hard_stop = loop.time() + self.max_hold_s
+        # server trickle in ~1 ms apart), but never longer than max_hold_s in total; while rows announced by
+        # `expecting()` are still to come, wait for them (up to expect_hold_s), and close as soon as they are in.
+        held = self._expected > 0
+        hard_stop = loop.time() + (max(self.max_hold_s, self.expect_hold_s) if held else self.max_hold_s)
         while rows < self.max_batch_size:
             if carry:
                 nxt = carry.popleft()
             elif not queue.empty():
                 nxt = queue.get_nowait()
+            elif held and self._expected == 0 and self._arriving == 0:
+                break  # every expected row is in: no quiet gap to wait for
             else:
                 left = hard_stop - loop.time()
                 if left <= 0:
+                    if self._expected > 0:
+                        self.expect_timeouts += 1
+                        self._expected = 0  # they are late: do not hold the next batch for them as well
                     break
                 try:
-                    nxt = await asyncio.wait_for(queue.get(), min(self.max_wait_s, left))
+                    wait = left if self._expected > 0 else min(self.max_wait_s, left)
+                    nxt = await asyncio.wait_for(queue.get(), wait)
                 except asyncio.TimeoutError:
-                    if self._arriving > 0:
+                    if self._arriving > 0 or self._expected > 0:
                         continue  # announced jobs are still being parsed: keep the batch open for them
                     break
             if rows + self._size(nxt.job) > self.max_batch_size:

@@ -19,9 +19,11 @@ two batches; `version` counts swaps. torch and transformers are imported only wh
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -202,6 +204,33 @@ class LocalBackend:
         return self._batcher
 
     # -- requests --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def expecting(self, rows: int, tokens_per_row: int) -> Iterator[None]:
+        """A producer is about to send `rows` rows of up to `tokens_per_row` tokens each (one training step's
+        rollouts): they become one engine batch. The batch cap grows to `rows` (it never shrinks: the engine's
+        shape follows it, and a new shape is a new compile) as far as their KV cache fits (`rows_that_fit`),
+        and the batcher waits for them (`RequestBatcher.expecting`)."""
+        fit = min(rows, self.rows_that_fit(tokens_per_row))
+        self._batcher.max_batch_size = max(self._batcher.max_batch_size, fit)
+        with self._batcher.expecting(rows):
+            yield
+
+    def rows_that_fit(self, tokens_per_row: int, share: float = 0.5) -> int:
+        """How many rows of `tokens_per_row` tokens the engine's KV cache can hold in `share` of the device's free
+        memory (CUDA); unbounded elsewhere (the CPU path's cache grows with the batch, as the model's would) and
+        for an engine that holds no model here (the colocated vLLM pages its own cache and admits what fits)."""
+        import torch
+
+        model = self._state.model
+        if model is None or model.device.type != "cuda":
+            return 1 << 30
+        cfg = model.config
+        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
+        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        per_token = 2 * cfg.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
+        free, _ = torch.cuda.mem_get_info(model.device)
+        return max(1, int(free * share) // (per_token * max(1, tokens_per_row)))
+
     def chat_prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
         """Token ids of the chat rendered with the model's template, ending with the assistant header."""
         from jinja2 import TemplateError
