@@ -172,8 +172,8 @@ def loop_split(args) -> list[str]:
         f"256 --steps {args.loop_steps}` (defaults otherwise: 32 groups x 8 a step), {wall:.0f} s in all{note}:",
         "",
         "| step | wall s | generation s | scoring + other s | training s | weight sync s | engine batches "
-        "| rollout tokens |",
-        "|---|---|---|---|---|---|---|---|",
+        "| engines built | rollout tokens |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "step_time_s" not in r:
@@ -181,7 +181,7 @@ def loop_split(args) -> list[str]:
         loop, gen, train, sync = (r.get(k, 0.0) for k in ("loop_s", "generate_s", "step_time_s", "sync_s"))
         lines.append(
             f"| {r['step']} | {loop:.2f} | {gen:.2f} | {loop - gen - train - sync:.2f} | {train:.2f} | {sync:.2f} "
-            f"| {r.get('engine_batches', '-')} | {r.get('padded_tokens', 0)} |"
+            f"| {r.get('engine_batches', '-')} | {r.get('engine_builds', '-')} | {r.get('padded_tokens', 0)} |"
         )
     later = [r["loop_s"] for r in rows if "step_time_s" in r and "loop_s" in r][1:]
     if later:
