@@ -203,6 +203,7 @@ def main() -> None:
         help="rows of GROUP:COMPILE[:ATTENTION] (rollouts a prompt; 1 = compiled step; attention: t = the Triton "
         "decode kernel, f or 1 = torch's fused kernel per block, p or 0 = plain matmuls, a = the default)",
     )
+    parser.add_argument("--contract-attention", default="a", help="the contract's decode attention (as --variants)")
     parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
     parser.add_argument("--loop-steps", type=int, default=3)
@@ -233,16 +234,17 @@ def main() -> None:
         lines.append("vLLM: not installed on this machine (no row).")
     import atropos_cli.inference.engine as engine_module
 
+    kinds = {"t": "triton", "f": "fused", "1": "fused", "p": "plain", "0": "plain", "a": None}
+    engine_module.ATTENTION = kinds[args.contract_attention]
     default = engine_module.attention_kind(args.device.startswith("cuda"))
     try:
-        lines += [f"- the contract below is checked with the default decode attention: {default}"]
+        lines += [f"- the contract below is checked with this decode attention: {default}"]
         lines += check_contract(model, args.device, vocab)
     except Exception as exc:  # the default kernel refused here: say so and measure the rest
         lines += [f"- contract check failed ({default}): {type(exc).__name__}: {str(exc)[:300]}"]
     print("\n".join(lines), flush=True)
 
     variants = [(v.split(":") + ["a"])[:3] for v in args.variants.split(",")]  # group:compile[:attention]
-    kinds = {"t": "triton", "f": "fused", "1": "fused", "p": "plain", "0": "plain", "a": None}
     lines += [
         "",
         "| batch | rollouts a prompt | ours tok/s | step compiled | attention | ours first call s "

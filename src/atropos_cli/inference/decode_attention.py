@@ -45,6 +45,13 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
+def op() -> Any:
+    """The registered custom op, to be called as op(q, prompt_k, ..., scale) (`decode_attention`'s arguments).
+    Fetch it outside torch.compile's tracing (the engine does, when it builds its cache): the cached builder is
+    a graph break for dynamo."""
+    return _op()
+
+
 @functools.cache
 def _op() -> Any:
     """The registered custom op (built once: defining it needs triton)."""
@@ -87,7 +94,7 @@ def _op() -> Any:
             v = tl.load(pv_ptr + p_base + pos[:, None] * sp_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
             if UPCAST:
                 k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # inductor may hand `scale` in as fp64
             s = tl.where(ok[None, :], s, -1.0e30)
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])
@@ -105,7 +112,7 @@ def _op() -> Any:
             v = tl.load(gv_ptr + g_base + pos[:, None] * sg_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
             if UPCAST:
                 k, v = k.to(tl.float32), v.to(tl.float32)
-            s = tl.dot(q, tl.trans(k)) * scale
+            s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # inductor may hand `scale` in as fp64
             s = tl.where(ok[None, :], s, -1.0e30)
             m_new = tl.maximum(m, tl.max(s, 1))
             p = tl.exp(s - m_new[:, None])

@@ -11,10 +11,9 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   A group's n rows never copy or re-read each other's prompt: the prompt is prefilled once and its keys/values
   are read once a step for all n rows (`group_attention`: the group's n x (query heads per KV head) query rows
   attend to the shared block as one batch; each row attends to its own tokens apart; the two partial results
-  are merged by their log-sum-exps, so the result is exactly attention over prompt + row). On CUDA, where Triton
-  imports, one kernel does both parts in one pass (`decode_attention.py`: an online softmax over the group's
-  prompt entries then the row's own, each key/value read once for a KV head's query heads): one launch a layer
-  instead of a query copy, two attention kernels and the merge (`ATTENTION` picks the path).
+  are merged by their log-sum-exps, so the result is exactly attention over prompt + row). Opt-in (`ATTENTION =
+  "triton"`): one Triton kernel does both parts in one pass (`decode_attention.py`), one launch a layer instead
+  of a query copy, two attention kernels and the merge.
 - **Continuous batching by group slot.** A finished group frees its slot; the next queued group is prefilled
   into it while the others keep decoding.
 - **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
@@ -105,19 +104,17 @@ def supports(model: Any) -> bool:
     return attn is not None and hasattr(attn, "layer_idx")
 
 
-# How decode attention runs: "triton" (one kernel over both blocks, `decode_attention.py`), "fused" (torch's
-# memory-efficient kernel on each block, merged by log-sum-exps) or "plain" (matmuls). None: "triton" on CUDA
-# where Triton imports, else "fused" on CUDA and "plain" elsewhere. The benchmark sets it to compare them.
+# How decode attention runs: "fused" (torch's memory-efficient kernel on each block, merged by log-sum-exps),
+# "plain" (matmuls) or "triton" (one kernel over both blocks, `decode_attention.py`: opt-in, see its docstring).
+# None: "fused" on CUDA, "plain" elsewhere. Read when an engine builds its cache; the benchmark sets it.
 ATTENTION: str | None = None
 
 
 def attention_kind(is_cuda: bool) -> str:
-    """The decode attention this process uses on a CUDA or a CPU tensor (`ATTENTION` resolved)."""
+    """The decode attention an engine on a CUDA or a CPU device uses (`ATTENTION` resolved)."""
     if ATTENTION is not None:
         return ATTENTION
-    from atropos_cli.inference import decode_attention
-
-    return ("triton" if decode_attention.available() else "fused") if is_cuda else "plain"
+    return "fused" if is_cuda else "plain"
 
 
 def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool) -> tuple[Any, Any]:
@@ -159,16 +156,13 @@ def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     hk, n = kv.heads, kv.width
     g, r = s // n, hq // hk
     scale = scaling if scaling is not None else d**-0.5
-    kind = attention_kind(query.is_cuda)
-    if kind == "triton":
-        from atropos_cli.inference.decode_attention import decode_attention
-
-        out = decode_attention(
+    if kv.decode_op is not None:  # the Triton kernel (fetched when the cache was built: no graph break here)
+        out = kv.decode_op(
             query[:, :, 0, :], kv.prompt_k[layer], kv.prompt_v[layer], kv.gen_k[layer], kv.gen_v[layer],
             kv.prompt_len, kv.gen_pos, n, kv.bucket, scale,
         )  # fmt: skip
         return out.reshape(s, 1, hq, d), None
-    fused = kind == "fused"
+    fused = kv.attention == "fused"
     q = query.reshape(s, hk, r, d)
     qg = q.reshape(g, n, hk, r, d).permute(0, 2, 1, 3, 4).reshape(g, hk, n * r, d)
     bucket = kv.bucket
@@ -220,6 +214,12 @@ class GroupCache:
         self.dtype = dtype
         self.gen_pos = torch.zeros(shape.slots, dtype=torch.long, device=device)
         self.bucket = shape.gen_len  # a host int: the generation entries a step reads (one graph per value)
+        self.attention = attention_kind(torch.device(device).type == "cuda")
+        self.decode_op = None
+        if self.attention == "triton":
+            from atropos_cli.inference import decode_attention
+
+            self.decode_op = decode_attention.op()
         self.refresh_masks()
 
     def refresh_masks(self) -> None:
