@@ -223,10 +223,13 @@ def test_the_static_engine_is_kept_while_batches_fit_and_grows_once(backend):
 
     state = backend._state
     rows = lambda prompt, new: [RowRequest(prompt_ids=[1] * prompt, max_new_tokens=new) for _ in range(8)]  # noqa: E731
+    backend._engines.clear()  # the module's backend: start from no engine
     first = backend._engine(state, rows(100, 200))
+    assert first.shape.prompt_len == 256  # prompt blocks in power-of-two buckets of at least 256 tokens
     assert backend._engine(state, rows(30, 100)) is first  # fits: kept
-    grown = backend._engine(state, rows(150, 40))  # a longer prompt: rebuilt, keeping room for the old rows
-    assert grown is not first and (grown.shape.prompt_len, grown.shape.gen_len) == (192, 256)
+    assert backend._engine(state, rows(250, 100)) is first  # prompts of 30 to 256 tokens share the block
+    grown = backend._engine(state, rows(300, 40))  # a longer prompt: rebuilt, keeping room for the old rows
+    assert grown is not first and (grown.shape.prompt_len, grown.shape.gen_len) == (512, 256)
     assert backend._engine(state, rows(100, 200)) is grown
 
 

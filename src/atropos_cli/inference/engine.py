@@ -43,7 +43,7 @@ __all__ = ["StaticEngine", "EngineShape", "engine_shape", "group_attention", "su
 GROUP_ATTENTION = "atropos_group"
 PREFILL_TOKENS = 32768  # padded prompt tokens per prefill forward
 GEN_BUCKET = 128  # the shortest generation read (buckets are powers of two from here)
-PROMPT_MULTIPLE = 64
+PROMPT_BUCKET = 256  # the shortest prompt block (longer ones: powers of two)
 _MASK32 = 0xFFFFFFFF
 
 
@@ -61,8 +61,12 @@ class EngineShape:
         return self.width * self.groups
 
 
-def _round_up(n: int, multiple: int) -> int:
-    return max(multiple, -(-n // multiple) * multiple)
+def prompt_bucket(tokens: int) -> int:
+    """A prompt block's length: a power of two, at least PROMPT_BUCKET. A block too short for a batch means a new
+    engine (a compile of the decode step), so blocks come in few sizes: on an H100 a loop whose prompts crossed
+    a multiple of 64 now and then paid a ~60 s rebuild inside its steps. A group's block is read once a step for
+    all its rows, so the room costs little."""
+    return max(PROMPT_BUCKET, 1 << (tokens - 1).bit_length())
 
 
 def group_rows(rows: list[RowRequest], width: int) -> list[list[int]]:
@@ -80,13 +84,14 @@ def gen_bucket(entries: int) -> int:
 
 def engine_shape(rows: list[RowRequest], max_rows: int) -> EngineShape:
     """The shape for this batch: width = the largest group (at most `max_rows`), enough group slots for the batch
-    rounded up to a power of two rows (at most `max_rows`; more groups queue), blocks rounded up (few shapes)."""
+    rounded up to a power of two rows (at most `max_rows`; more groups queue), blocks in power-of-two buckets
+    (few shapes)."""
     sizes = [len(group) for group in group_rows(rows, len(rows))]  # whole groups, before chunking
     width = min(1 << (min(max(sizes), max_rows) - 1).bit_length(), max_rows)
     wanted = sum(-(-s // width) for s in sizes) * width
     slots = min(max_rows, 1 << max(3, (wanted - 1).bit_length()))
     groups = max(1, slots // width)
-    prompt = _round_up(max(len(r.prompt_ids) for r in rows), PROMPT_MULTIPLE)
+    prompt = prompt_bucket(max(len(r.prompt_ids) for r in rows))
     gen = gen_bucket(max(r.max_new_tokens for r in rows))
     return EngineShape(width, groups, prompt, gen)
 
