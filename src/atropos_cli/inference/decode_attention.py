@@ -1,10 +1,11 @@
 """The engine's decode attention as one Triton kernel: a row's query heads over its group's shared prompt block,
 then over its own generation block, in one pass with an online softmax (flash-decoding).
 
-Where it sits: `engine.group_attention` calls `decode_attention(...)` once a layer a decode step on CUDA when
-Triton imports (`available()`); the two-part path (torch's fused kernel on each block, merged by log-sum-exps)
-stays as the fallback and as the variant `bench_generation.py` compares against. The kernel replaces, per layer
-and step, the query copy, two attention kernels with their expanded bias tensors, and the merge: one launch.
+Where it sits: opt-in (`engine.ATTENTION = "triton"`): an engine's cache fetches the op (`op()`) when it is built
+and `engine.group_attention` calls it once a layer a decode step; torch's fused kernel on each block, merged by
+log-sum-exps, stays the default (this kernel's speed is not measured yet) and is the variant `bench_generation.py`
+compares it against. The kernel replaces, per layer and step, the query copy, two attention kernels with their
+expanded bias tensors, and the merge: one launch. The Triton program itself is `decode_kernel.py`.
 
 Layout (the engine's `GroupCache`): prompt blocks [groups, kv heads, prompt_len, dim], generation blocks [rows,
 kv heads, gen_len, dim] with rows = groups x width (row s belongs to group s // width). Row s attends to its
@@ -57,75 +58,9 @@ def _op() -> Any:
     """The registered custom op (built once: defining it needs triton)."""
     import torch
     import triton
-    import triton.language as tl
     from torch.library import triton_op, wrap_triton
 
-    @triton.jit
-    def _kernel(
-        q_ptr, pk_ptr, pv_ptr, gk_ptr, gv_ptr, plen_ptr, gpos_ptr, out_ptr,
-        sq_row, sq_head,
-        sp_group, sp_head, sp_pos,
-        sg_row, sg_head, sg_pos,
-        so_row, so_head,
-        width, bucket, scale,
-        R: tl.constexpr, R_PAD: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr, UPCAST: tl.constexpr,
-    ):  # fmt: skip
-        row = tl.program_id(0)
-        head = tl.program_id(1)
-        group = row // width
-        offs_r = tl.arange(0, R_PAD)
-        offs_d = tl.arange(0, D)
-        offs_n = tl.arange(0, BLOCK)
-        r_ok = offs_r < R
-        q_heads = head * R + offs_r
-        q = tl.load(q_ptr + row * sq_row + q_heads[:, None] * sq_head + offs_d[None, :], mask=r_ok[:, None], other=0.0)
-        if UPCAST:  # Triton's interpreter multiplies bf16 as raw bits: its dots run in fp32 (tests only)
-            q = q.to(tl.float32)
-        m = tl.full([R_PAD], -1.0e30, dtype=tl.float32)
-        total = tl.zeros([R_PAD], dtype=tl.float32)
-        acc = tl.zeros([R_PAD, D], dtype=tl.float32)
-        # the group's shared prompt entries [0, plen)
-        plen = tl.load(plen_ptr + group).to(tl.int32)
-        p_base = group * sp_group + head * sp_head
-        for start in range(0, plen, BLOCK):
-            pos = start + offs_n
-            ok = pos < plen
-            k = tl.load(pk_ptr + p_base + pos[:, None] * sp_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
-            v = tl.load(pv_ptr + p_base + pos[:, None] * sp_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
-            s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # inductor may hand `scale` in as fp64
-            s = tl.where(ok[None, :], s, -1.0e30)
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        # the row's own generated entries [0, gen_pos], at most `bucket`
-        glen = tl.minimum(tl.load(gpos_ptr + row).to(tl.int32) + 1, bucket)
-        g_base = row * sg_row + head * sg_head
-        for start in range(0, glen, BLOCK):
-            pos = start + offs_n
-            ok = pos < glen
-            k = tl.load(gk_ptr + g_base + pos[:, None] * sg_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
-            v = tl.load(gv_ptr + g_base + pos[:, None] * sg_pos + offs_d[None, :], mask=ok[:, None], other=0.0)
-            if UPCAST:
-                k, v = k.to(tl.float32), v.to(tl.float32)
-            s = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)  # inductor may hand `scale` in as fp64
-            s = tl.where(ok[None, :], s, -1.0e30)
-            m_new = tl.maximum(m, tl.max(s, 1))
-            p = tl.exp(s - m_new[:, None])
-            alpha = tl.exp(m - m_new)
-            total = total * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-            m = m_new
-        out = acc / total[:, None]
-        tl.store(
-            out_ptr + row * so_row + q_heads[:, None] * so_head + offs_d[None, :],
-            out.to(out_ptr.dtype.element_ty),
-            mask=r_ok[:, None],
-        )
+    from atropos_cli.inference.decode_kernel import decode_kernel
 
     @triton_op("atropos::group_decode_attention", mutates_args={})
     def group_decode_attention(
@@ -144,7 +79,7 @@ def _op() -> Any:
         hk = prompt_k.shape[1]
         r = hq // hk
         out = torch.empty((rows, hq, dim), dtype=q.dtype, device=q.device)
-        wrap_triton(_kernel)[(rows, hk)](
+        wrap_triton(decode_kernel)[(rows, hk)](
             q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, out,
             q.stride(0), q.stride(1),
             prompt_k.stride(0), prompt_k.stride(1), prompt_k.stride(2),
