@@ -38,7 +38,7 @@ from typing import Any
 
 from atropos_cli.inference.sampler import RowRequest, RowResult, cache_kwarg, eos_ids, stop_cut
 
-__all__ = ["StaticEngine", "EngineShape", "engine_shape", "group_attention", "supports", "GROUP_ATTENTION"]
+__all__ = ["StaticEngine", "EngineShape", "engine_shape", "group_attention", "kv_layout", "supports", "GROUP_ATTENTION"]
 
 GROUP_ATTENTION = "atropos_group"
 PREFILL_TOKENS = 32768  # padded prompt tokens per prefill forward
@@ -94,6 +94,14 @@ def engine_shape(rows: list[RowRequest], max_rows: int) -> EngineShape:
     prompt = prompt_bucket(max(len(r.prompt_ids) for r in rows))
     gen = gen_bucket(max(r.max_new_tokens for r in rows))
     return EngineShape(width, groups, prompt, gen)
+
+
+def kv_layout(config: Any) -> tuple[int, int]:
+    """(key/value heads, head dimension) of a decoder config: GQA models name their KV heads, others have one per
+    query head; the head dimension is given or the hidden size over the query heads."""
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return heads, dim
 
 
 def supports(model: Any) -> bool:
@@ -228,8 +236,10 @@ class GroupCache:
         self.refresh_masks()
 
     def refresh_masks(self) -> None:
-        """Masks of this step (prompt entries of each group, a row's generated entries up to its new one)."""
-
+        """Masks of this step (prompt entries of each group, a row's generated entries up to its new one). The
+        Triton kernel needs none: it reads prompt_len and gen_pos itself."""
+        if self.decode_op is not None:
+            return
         self.prompt_mask = self.prompt_pos[None, :] < self.prompt_len[:, None]
         self.gen_mask = self.gen_pos_range[None, : self.bucket] <= self.gen_pos[:, None]
         self.prompt_bias = _bias(self.prompt_mask, self.dtype)
@@ -331,8 +341,7 @@ class StaticEngine:
         self.sync_every = sync_every
         self.device = model.device
         self.cache_kw = cache_kwarg(model)
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        heads, dim = kv_layout(cfg)
         self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device)
         self.eos = sorted(eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos or [0])[0]

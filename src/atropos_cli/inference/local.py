@@ -32,7 +32,7 @@ from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadRequestError, ConfigError, ModelLoadError
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.inference.batching import RequestBatcher
-from atropos_cli.inference.engine import EngineShape, StaticEngine, engine_shape, supports
+from atropos_cli.inference.engine import EngineShape, StaticEngine, engine_shape, kv_layout, supports
 from atropos_cli.inference.sampler import RowRequest, RowResult, sample_rows
 from atropos_cli.resources import resolve_model_path, shipped_models
 
@@ -224,10 +224,8 @@ class LocalBackend:
         model = self._state.model
         if model is None or model.device.type != "cuda":
             return 1 << 30
-        cfg = model.config
-        heads = getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads
-        dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        per_token = 2 * cfg.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
+        heads, dim = kv_layout(model.config)
+        per_token = 2 * model.config.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
         free, _ = torch.cuda.mem_get_info(model.device)
         return max(1, int(free * share) // (per_token * max(1, tokens_per_row)))
 
