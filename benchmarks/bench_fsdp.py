@@ -140,14 +140,15 @@ def worker(args) -> None:
     tokens = sum(lengths)
     weighted = sum(n * n for n in lengths) / tokens
     fpt = 6 * matmul_params + 12 * cfg.num_hidden_layers * cfg.hidden_size * weighted
-    peak = torch.cuda.max_memory_allocated() / 2**30 if device.startswith("cuda") else float("nan")
-    peaks = dist.gather(peak) if dist is not None else [peak]
-    # the caching allocator near the card's limit: reserved memory, and retries (a failed cudaMalloc: every cached
-    # block freed, the device synchronised, the allocation tried again) during the timed steps
-    reserved = torch.cuda.max_memory_reserved() / 2**30 if device.startswith("cuda") else float("nan")
-    retries = (torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries) if device.startswith("cuda") else 0
-    reserved_all = dist.gather(reserved) if dist is not None else [reserved]
-    retries_all = dist.gather(retries) if dist is not None else [retries]
+    cuda = device.startswith("cuda")
+    # peak allocated memory; the caching allocator near the card's limit: reserved memory, and retries (a failed
+    # cudaMalloc: every cached block freed, the device synchronised, the allocation tried again) in the timed steps
+    memory = (
+        (torch.cuda.max_memory_allocated() / 2**30, torch.cuda.max_memory_reserved() / 2**30,
+         torch.cuda.memory_stats().get("num_alloc_retries", 0) - retries)
+        if cuda else (float("nan"), float("nan"), 0)
+    )  # fmt: skip
+    peaks, reserved_all, retries_all = zip(*(dist.gather(memory) if dist is not None else [memory]), strict=True)
     if rank == 0:
         per_gpu = tokens / elapsed / world
         row = {
