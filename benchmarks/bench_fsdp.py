@@ -312,8 +312,9 @@ def row_shape(spec: str, plain_shape: str) -> str:
 
 
 def run_row(spec: str, args) -> dict:
-    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' -> its
-    measurements (or the failure)."""
+    """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' (either
+    with [:mbtN][:prof][:nocompile][:exp]: exp = the allocator's expandable segments) -> its measurements (or
+    the failure)."""
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
     n = 1 if parts[0] == "plain" else int(parts[1])
