@@ -203,7 +203,12 @@ def main() -> None:
         help="rows of GROUP:COMPILE[:ATTENTION] (rollouts a prompt; 1 = compiled step; attention: t = the Triton "
         "decode kernel, f or 1 = torch's fused kernel per block, p or 0 = plain matmuls, a = the default)",
     )
-    parser.add_argument("--contract-attention", default="a", help="the contract's decode attention (as --variants)")
+    parser.add_argument(
+        "--contract-attention",
+        default="a",
+        choices=["t", "f", "1", "p", "0", "a"],
+        help="the contract's decode attention (letters as in --variants)",
+    )
     parser.add_argument("--no-generate", action="store_true", help="skip transformers generate")
     parser.add_argument("--no-loop", action="store_true", help="skip the one-command loop split")
     parser.add_argument("--loop-steps", type=int, default=3)
