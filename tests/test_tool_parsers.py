@@ -205,6 +205,10 @@ def test_managed_server_env_calls_tools_in_each_format(fake_server, tmp_path: Pa
     args = ["process", str(DATA / "managed_tools_env.py"), "--env.tool_parser", parser, "--openai.base_url"]
     args += [
         server.base_url,
+        # one group at a time: the rule answers the final turns by the server's request count, so a group's two
+        # final requests must be consecutive (two groups in flight could give one group two even counts)
+        "--concurrency",
+        "1",
         "--openai.server_type",
         "vllm",
         "--env.tokenizer_name",
