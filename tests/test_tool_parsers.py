@@ -6,6 +6,7 @@ atroposlib 0.4.0 when ATROPOSLIB_PYTHON is set (its other parsers are vLLM's, wh
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -205,8 +206,8 @@ def test_managed_server_env_calls_tools_in_each_format(fake_server, tmp_path: Pa
     args = ["process", str(DATA / "managed_tools_env.py"), "--env.tool_parser", parser, "--openai.base_url"]
     args += [
         server.base_url,
-        # one group at a time: the rule answers the final turns by the server's request count, so a group's two
-        # final requests must be consecutive (two groups in flight could give one group two even counts)
+        # one group at a time: the rule alternates its final-turn answers, so a group's two final turns must be
+        # consecutive (two groups in flight could give one group two right answers)
         "--concurrency",
         "1",
         "--openai.server_type",
@@ -234,11 +235,15 @@ def test_managed_server_env_calls_tools_in_each_format(fake_server, tmp_path: Pa
 
 
 def _tool_rule(parser: str) -> Any:
+    """The tool call on a first turn; on final turns, right and wrong in turn (counted over final turns only, so a
+    group's two final turns, consecutive when groups run one at a time, score 1 and 0 in whatever order the
+    rollouts' first turns reached the server)."""
     call = get_parser(parser).render(None, [{"name": "add", "arguments": {"a": 2, "b": 3}}])
+    finals = itertools.count()
 
     def rule(prompt: str, k: int) -> str:
         if prompt.rstrip().endswith("<|tool|>5<|end|><|assistant|>"):
-            return "The answer is 5" if k % 2 == 0 else "No idea."
+            return "The answer is 5" if next(finals) % 2 == 0 else "No idea."
         return call
 
     return rule
