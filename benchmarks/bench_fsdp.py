@@ -98,7 +98,6 @@ def worker(args) -> None:
         grad_sync=args.grad_sync,
         compile=False if args.no_compile else None,
         parallel=args.parallel,
-        cuda_graphs=None if args.cuda_graphs is None else bool(int(args.cuda_graphs)),
     )
     trainer = GRPOTrainer(config, model=model, dist=dist)
     seqs = args.seqs * world
@@ -314,8 +313,8 @@ def row_shape(spec: str, plain_shape: str) -> str:
 
 def run_row(spec: str, args) -> dict:
     """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' (either
-    with [:mbtN][:prof][:nocompile][:exp][:cg|:nocg]: exp = the allocator's expandable segments, cg/nocg = the
-    trainer's --cuda-graphs on/off) -> its measurements (or the failure)."""
+    with [:mbtN][:prof][:nocompile][:exp]: exp = the allocator's expandable segments) -> its measurements (or
+    the failure)."""
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
     n = 1 if parts[0] == "plain" else int(parts[1])
@@ -345,8 +344,6 @@ def run_row(spec: str, args) -> dict:
             extra += ["--no-compile"]
         elif flag == "exp":
             alloc_conf = "expandable_segments:True"
-        elif flag in ("cg", "nocg"):
-            extra += ["--cuda-graphs", "1" if flag == "cg" else "0"]
         elif flag in ("fsdp", "replicate"):
             extra += ["--parallel", flag]
     if args.no_compile:
@@ -412,9 +409,6 @@ def main() -> None:
     parser.add_argument("--near-gpu", action="store_true", help="worker: bind to the GPU's NUMA node (row flag :numa)")
     parser.add_argument("--parallel", default="auto", help="worker: the trainer's --parallel (auto, fsdp, replicate)")
     parser.add_argument("--knobs", default="", help="worker: r (layers never reshard after forward)")
-    parser.add_argument(
-        "--cuda-graphs", default=None, help="worker: the trainer's --cuda-graphs (0 or 1; row flag :cg)"
-    )
     parser.add_argument("--gpu", default=None, help="driver: run every row on this CUDA_VISIBLE_DEVICES")
     parser.add_argument("--row-timeout", type=float, default=480)
     parser.add_argument("--out", default=None)

@@ -174,7 +174,6 @@ def bench_ours(args, cfg, state, batches, variant: dict):
         pack=variant["pack"],
         activation_memory_budget=variant["budget"],
         lora_r=variant["lora"],
-        cuda_graphs=True if "g" in variant["knobs"] else (False if "G" in variant["knobs"] else None),
         lr=1e-6,
         max_len=args.seq_len + 1,
     )
@@ -182,7 +181,7 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     import atropos_cli.trainer.step.grpo as grpo
 
     knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
-    # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA, g/G CUDA graphs on/off
+    # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
@@ -192,15 +191,10 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     import atropos_cli.trainer.step.logprobs as logprobs
 
     logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
-    from torch._dynamo.utils import counters
-
     trainer = GRPOTrainer(config, model=model)
-    skips = counters["inductor"]["cudagraph_skips"]
     result = time_steps(trainer.step, batches, args.warmup, args.device)
     result["peak"] = _peak(args.device)
-    result["mode"] = trainer.pack + (", CUDA graphs" if trainer.cuda_graphs else "")
-    if trainer.cuda_graphs:  # graphs inductor refused (its log says why): the row ran those parts unrecorded
-        result["mode"] += f", {counters['inductor']['cudagraph_skips'] - skips} graph skips"
+    result["mode"] = trainer.pack
     return result
 
 
@@ -238,8 +232,6 @@ def describe(v: dict) -> str:
         "d": "per-layer compile, all dims dynamic",
         "r": "GQA by repeated KV heads",
         "b": "one gradient add each (no buckets)",
-        "g": "CUDA graphs",
-        "G": "no CUDA graphs",
     }
     text += "".join(f", {names[k]}" for k in v["knobs"])
     return text

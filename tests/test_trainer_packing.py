@@ -114,10 +114,8 @@ def test_packing_is_off_by_default_on_cpu_and_on_when_asked():
     assert packing_mode(tiny_qwen(), False, "cuda") == "off"
 
 
-@pytest.mark.parametrize("step", [0, 8])
-def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradient(step: int):
-    """The CUDA default: rows of exactly `width` tokens, filler after the samples, pieces in `cu_seqlens`.
-    step 8: exact rows (the width marked dynamic) rounded up to multiples of 8 tokens, the CUDA graphs' buckets."""
+def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradient():
+    """The CUDA default: rows of exactly `width` tokens, filler after the samples, pieces in `cu_seqlens`."""
     from atropos_cli.trainer.step.attention import use_varlen
     from atropos_cli.trainer.step.batching import StaticShape, static_micro_batches
 
@@ -125,21 +123,15 @@ def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradien
     trainer = GRPOTrainer(GRPOConfig(out="unused", chunk_size=7), model=model)
     samples = prepare(ragged_groups(), scale_rewards=True, dynamic_sampling=False, max_len=64).samples
     padded = _gradients(model, trainer, samples, pack=False)
-    width = 48 if step else 40
-    shape = StaticShape(width=width, max_doc_len=16, max_docs=8, exact=step > 0, step=max(step, 1))
+    shape = StaticShape(width=40, max_doc_len=16, max_docs=8)
     batches = static_micro_batches(samples, shape)
-    widths = {b.input_ids.shape[1] for b in batches}
-    if step:  # buckets: every width a multiple of the step (or the full width), filler under one step
-        assert all(w % step == 0 for w in widths) and len(widths) > 1
-        assert all(b.input_ids.shape[1] - b.real_tokens < step for b in batches)
-    else:
-        assert widths == {40}
+    assert {tuple(b.input_ids.shape) for b in batches} == {(1, 40)}
     assert {tuple(b.cu_seqlens.shape) for b in batches} == {(9,)}
     assert sum(b.loss_mask.shape[0] for b in batches) == len(samples)
     assert sum(b.real_tokens for b in batches) == sum(len(s.tokens) - 1 for s in samples)
     for b in batches:
         cu = b.cu_seqlens.tolist()
-        assert cu[0] == 0 and cu[-1] == b.input_ids.shape[1] and cu == sorted(cu)
+        assert cu[0] == 0 and cu[-1] == 40 and cu == sorted(cu)
         assert max(x - y for x, y in zip(cu[1:], cu, strict=False)) <= 16  # filler pieces too
         assert int((b.position_ids == 0).sum()) == sum(1 for x, y in zip(cu[1:], cu, strict=False) if x > y)
     use_varlen(model)
@@ -164,10 +156,6 @@ def test_static_shape_caps_samples_per_row():
     assert all(b.loss_mask.shape[0] <= 2 for b in batches) and len(batches) == 6
     assert StaticShape.for_budget(8192, 2048) == StaticShape(width=8192, max_doc_len=2048, max_docs=69)
     assert StaticShape.for_budget(1024, 4096).width == 4096  # a row holds the longest sample
-    graphed = StaticShape.for_budget(16384, 1025, exact=True, buckets=16)  # --cuda-graphs: 16 widths at most
-    assert graphed.step == 1024 and graphed.row_width(15361) == 16384 and graphed.row_width(3000) == 3072
-    assert StaticShape.for_budget(16384, 1025, exact=True).row_width(3000) == 3000  # no buckets: exact
-    assert StaticShape.for_budget(1000, 1025, exact=True, buckets=16).step == 128  # attention's block at least
 
 
 def test_static_packed_steps_compile_once_whatever_the_lengths():
@@ -196,22 +184,3 @@ def test_static_packed_steps_compile_once_whatever_the_lengths():
             g.inference_logprobs = [x[:c] for x, c in zip(g.inference_logprobs, cut, strict=True)]
         assert not trainer.step(groups).get("skipped")
     assert len(graphs) == 1
-
-
-def test_cuda_graphs_are_refused_where_they_cannot_run_and_off_by_default_on_cpu():
-    from atropos_cli.errors import ConfigError
-    from atropos_cli.trainer.step import attention
-
-    assert GRPOTrainer(GRPOConfig(out="unused"), model=tiny_qwen()).cuda_graphs is False
-    with pytest.raises(ConfigError, match="--cuda-graphs needs a CUDA device with --compile"):
-        GRPOTrainer(GRPOConfig(out="unused", cuda_graphs=True), model=tiny_qwen())
-    # the default: only where nothing but the step runs between a layer's forward and its backward
-    previous, attention.GRAPHS_BY_DEFAULT = attention.GRAPHS_BY_DEFAULT, True
-    try:
-        assert attention.graphs_by_default(sharded=False, lora=False, checkpointing=False, static_rows=True)
-        for blocker in ("sharded", "lora", "checkpointing"):
-            kwargs = {"sharded": False, "lora": False, "checkpointing": False, blocker: True}
-            assert not attention.graphs_by_default(static_rows=True, **kwargs), blocker
-        assert not attention.graphs_by_default(sharded=False, lora=False, checkpointing=False, static_rows=False)
-    finally:
-        attention.GRAPHS_BY_DEFAULT = previous

@@ -103,10 +103,6 @@ class GRPOConfig(BaseModel):
     pack: bool | None = None
     """Pack samples end to end, no padding (packing_mode). Default: on with CUDA, as rows of exactly
     --micro-batch-tokens tokens with varlen flash attention (one shape: compiled once); off on CPU."""
-    cuda_graphs: bool | None = None
-    """With --compile and packing on CUDA: replay each decoder layer's forward and backward as CUDA graphs (row
-    widths rounded up to a few buckets, each recorded once). Default: on in one process without LoRA or
-    checkpointing (attention.graphs_by_default), off elsewhere."""
     activation_memory_budget: float | None = Field(None, gt=0, le=1)
     """With --compile: the fraction (0-1] of activations the backward keeps; the cheapest rest is recomputed."""
     parallel: Literal["auto", "fsdp", "replicate"] = "auto"

@@ -17,15 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = [
-    "compile_body",
-    "graphs_by_default",
-    "ATTENTION_NAME",
-    "VARLEN_NAME",
-    "use_varlen",
-    "varlen_attention",
-    "flash_varlen",
-]
+__all__ = ["compile_body", "ATTENTION_NAME", "VARLEN_NAME", "use_varlen", "varlen_attention", "flash_varlen"]
 
 ATTENTION_NAME = "atropos_sdpa"
 VARLEN_NAME = "atropos_varlen"  # statically packed rows (batching.static_micro_batches); no "flash" in the name:
@@ -55,31 +47,10 @@ def _register() -> None:
     AttentionMaskInterface.register(ATTENTION_NAME, causal_or_sdpa_mask)
 
 
-GRAPHS_BY_DEFAULT = False  # CUDA graphs over the compiled layers where graphs_by_default allows them
-
-
-def graphs_by_default(sharded: bool, lora: bool, checkpointing: bool, static_rows: bool) -> bool:
-    """--cuda-graphs when not given. Graphs need every layer call to be one of a few shapes (statically packed
-    rows, widths in buckets) and nothing but the step itself between a forward and its backward: FSDP's per-layer
-    gathers, a LoRA run's reference forward through the same layers and checkpointing's recomputed forward all
-    break that."""
-    return GRAPHS_BY_DEFAULT and static_rows and not (sharded or lora or checkpointing)
-
-
-def compile_body(model: Any, body: Any, regional: bool | str = False, graphs: bool = False) -> None:
+def compile_body(model: Any, body: Any, regional: bool | str = False) -> None:
     """Compile `body` (the model without its LM head) in place: whole, or layer by layer (`regional`, or the
     fallback). Layer by layer, the 24 identical layers of a 0.5B model share one compiled graph: a fraction of
-    the compile time, at the price of Python between the layers. `graphs`: each compiled call (forward and
-    backward) is replayed as a CUDA graph, recorded once per row width (CUDA graph trees): the host then issues
-    one replay per layer instead of its ~40 kernel launches, the cost that makes a mixed-length step host-bound
-    (results/trainer_gpu.md)."""
-    mode = None
-    if graphs:
-        import torch._inductor.config as inductor_config
-
-        mode = "reduce-overhead"
-        # one recorded graph per row-width bucket (StaticShape.step): a handful, expected, not worth a warning
-        inductor_config.triton.cudagraph_dynamic_shape_warn_limit = None
+    the compile time, at the price of Python between the layers."""
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation == "sdpa":
         try:
@@ -90,11 +61,11 @@ def compile_body(model: Any, body: Any, regional: bool | str = False, graphs: bo
         else:
             implementation = ATTENTION_NAME
     if implementation in (ATTENTION_NAME, VARLEN_NAME, "flex_attention") and not regional:
-        body.compile(mode=mode)
+        body.compile()
         return
     layers = getattr(body, "layers", None)
     for layer in layers if layers is not None else [body]:
-        layer.compile(dynamic=True if regional == "dynamic" else None, mode=mode)
+        layer.compile(dynamic=True if regional == "dynamic" else None)
 
 
 # -- varlen attention for statically packed rows ------------------------------------------------------------

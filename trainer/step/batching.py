@@ -370,26 +370,16 @@ class StaticShape:
     max_doc_len: int
     max_docs: int
     exact: bool = False  # rows end at their last sample (no filler): the width is marked dynamic instead
-    step: int = 1  # exact rows: the width rounded up to a multiple of this (filler after the samples)
 
     @classmethod
-    def for_budget(cls, micro_batch_tokens: int, max_len: int, exact: bool = False, buckets: int = 0) -> StaticShape:
-        """`buckets` > 0 (exact rows for CUDA graphs, each width one recorded graph): row widths come in at most
-        that many sizes, multiples of width/buckets rounded to 128 tokens (the filler is under one step)."""
+    def for_budget(cls, micro_batch_tokens: int, max_len: int, exact: bool = False) -> StaticShape:
         # a sample has at most max_len - 1 model tokens; pieces rounded up to attention's 128-token blocks
         max_doc_len = -(-(max_len - 1) // 128) * 128
         width = max(micro_batch_tokens, max_doc_len)
         # a row holds at most width/128 samples (+ filler pieces): each slot costs the attention kernel empty
         # thread blocks, so the cap stays small (measured: 261 slots made attention 3-4x slower)
         max_docs = width // 128 + -(-width // max_doc_len) + 1
-        step = max(128, width // buckets // 128 * 128) if exact and buckets > 0 else 1
-        return cls(width, max_doc_len, max_docs, exact, step)
-
-    def row_width(self, tokens: int) -> int:
-        """The width of a row holding `tokens` sample tokens."""
-        if not self.exact:
-            return self.width
-        return max(tokens, min(self.width, -(-tokens // self.step) * self.step))
+        return cls(width, max_doc_len, max_docs, exact)
 
 
 def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[MicroBatch]:
@@ -402,7 +392,7 @@ def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[Micr
     out = []
     for row in rows:
         lengths = [len(s.tokens) - 1 for s in row]
-        width = shape.row_width(sum(lengths))
+        width = sum(lengths) if shape.exact else shape.width
         mb = _collate([row], width=width)
         free = width - sum(lengths)
         pieces = [shape.max_doc_len] * (free // shape.max_doc_len) + (

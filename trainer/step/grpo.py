@@ -34,7 +34,7 @@ from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch
 from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
-from .attention import compile_body, flash_varlen, graphs_by_default, use_varlen
+from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
@@ -102,7 +102,6 @@ PackMode = Literal["off", "rows", "static"]
 # whole body, same speed), rows ending at their last sample with the width marked dynamic (no filler tokens).
 REGIONAL_COMPILE: bool | str = True  # True, "dynamic" (every dimension symbolic from the start) or False
 EXACT_ROWS = True
-GRAPH_BUCKETS = 16  # --cuda-graphs: row widths in at most this many sizes, one recorded graph each
 
 
 def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
@@ -175,18 +174,14 @@ class GRPOTrainer:
             per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
             config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens
+        self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
         compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
-        compile_on = compile_on and self.device.startswith("cuda")
-        self.cuda_graphs = self._graphs(compile_on, dist is not None and not self.replicated)
-        buckets = GRAPH_BUCKETS if self.cuda_graphs else 0
-        self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS, buckets)
-        if compile_on:
+        if compile_on and self.device.startswith("cuda"):
             if config.activation_memory_budget is not None:
                 import torch._functorch.config as functorch_config
 
                 functorch_config.activation_memory_budget = config.activation_memory_budget
-            body = _body_and_head(self.model)[0]
-            compile_body(lora.unwrap(self.model), body, REGIONAL_COMPILE, self.cuda_graphs)
+            compile_body(lora.unwrap(self.model), _body_and_head(self.model)[0], REGIONAL_COMPILE)
         self.ref_model = None
         if self.loss_cfg.kl_beta > 0 and self.is_lora:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
@@ -213,31 +208,6 @@ class GRPOTrainer:
         self.optimizer = self.precision.optimizer
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
-
-    def _graphs(self, compile_on: bool, sharded: bool) -> bool:
-        """--cuda-graphs resolved: the default where graphs_by_default allows it; asked for where they cannot
-        run, a ConfigError."""
-        cfg, static_rows = self.config, self.pack == "static" and EXACT_ROWS
-        if cfg.cuda_graphs is None:
-            return compile_on and graphs_by_default(sharded, self.is_lora, cfg.gradient_checkpointing, static_rows)
-        if not cfg.cuda_graphs:
-            return False
-        needs = [
-            (compile_on, "a CUDA device with --compile"),
-            (static_rows, "packed rows (varlen attention)"),
-            (not sharded, "one process or --parallel replicate (FSDP gathers weights inside the layers)"),
-            (not self.is_lora, "no LoRA (its reference forward runs through the same layers)"),
-            (
-                not cfg.gradient_checkpointing,
-                "no --gradient-checkpointing (it re-runs each layer's forward in the backward)",
-            ),
-        ]
-        why = next((reason for met, reason in needs if not met), None)
-        if why is not None:
-            raise ConfigError(
-                f"--cuda-graphs needs {why}", hint="drop --cuda-graphs (the default picks it where it runs)"
-            )
-        return True
 
     def _shard(self, dist: Dist, mixed: bool) -> None:
         """FSDP2 over the run's ranks (fsdp.py): the policy, and a full-model reference on its own."""
@@ -308,8 +278,6 @@ class GRPOTrainer:
             mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
             if i == len(batches) - 1:  # replicas: this backward starts the gradient sum bucket by bucket
                 self.precision.last_backward()
-            if self.cuda_graphs:  # the last micro-batch's graph outputs are consumed: their memory is reused
-                torch.compiler.cudagraph_mark_step_begin()
             logp = self.policy(mb)
             ref = None
             if self.reference is not None:
