@@ -115,6 +115,9 @@ def worker(args) -> None:
         torch.cuda.reset_peak_memory_stats()
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.startswith("cuda") else 0
     probe = Probe(trainer, sync, node) if args.detail else None
+    from torch._dynamo.utils import counters
+
+    graphs = counters["stats"]["unique_graphs"]
     started = time.perf_counter()
     losses = []
     for batch in batches[args.warmup :]:
@@ -126,6 +129,7 @@ def worker(args) -> None:
             probe.end()
     sync()
     elapsed = time.perf_counter() - started
+    recompiles = counters["stats"]["unique_graphs"] - graphs  # graphs compiled inside the timed steps
     timed = batches[args.warmup :]
     if args.profile:  # one more step under the profiler on every rank (they meet in collectives): rank 0 prints
         from torch.profiler import ProfilerActivity, profile
@@ -160,6 +164,7 @@ def worker(args) -> None:
             "alloc_retries": sum(retries_all),
             "s_per_step": elapsed / len(timed),
             "warmup_s": first,
+            "recompiles": recompiles,
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
             "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
@@ -426,8 +431,8 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup} warm-up steps; random weights",
         "",
         "| row | GPUs | how (parallel, micro-batch) | params (B) | tokens/s per GPU | weak-scaling eff. | MFU "
-        "| peak GiB/GPU (allocator) | s/step | warm-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| peak GiB/GPU (allocator) | s/step | warm-up s | recompiles |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     base: dict[str, float] = {}  # shape -> its one-process row's tokens/s (weak scaling is against it)
@@ -449,7 +454,8 @@ def main() -> None:
                 f"| {spec} | {r['world']} | {r['how']} | {r['params_b']:.2f} | {r['tokens_per_s_per_gpu']:,.0f} "
                 f"| {eff} "
                 f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f} reserved, "
-                f"{r['alloc_retries']} retries) | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} |"
+                f"{r['alloc_retries']} retries) | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} "
+                f"| {r.get('recompiles', '')} |"
             )
         lines.append(line)
         print(line, flush=True)

@@ -60,12 +60,29 @@ def compile_body(model: Any, body: Any, regional: bool | str = False) -> None:
             implementation = None
         else:
             implementation = ATTENTION_NAME
+    options = _no_size_guards()
     if implementation in (ATTENTION_NAME, VARLEN_NAME, "flex_attention") and not regional:
-        body.compile()
+        body.compile(options=options)
         return
     layers = getattr(body, "layers", None)
     for layer in layers if layers is not None else [body]:
-        layer.compile(dynamic=True if regional == "dynamic" else None)
+        layer.compile(dynamic=True if regional == "dynamic" else None, options=options)
+
+
+def _no_size_guards() -> dict[str, Any]:
+    """Inductor options that keep a layer compiled for dynamic row widths from guarding on the width.
+
+    Inductor's mix-order reduction (the RMSNorm backward's two sibling reductions fused) checks by default that
+    rows x hidden >= 5M and rows >= 4096, and turns each check into a guard on the width: a micro-batch narrower
+    than a threshold then recompiles the layer. Measured on an H100 (1.5B shape, `TORCH_LOGS=recompiles`): the
+    step's short last micro-batch recompiled it in the timed steps (3.21 s a step instead of ~1.2 s, the "1.5B
+    anomaly"), and the one-command loop paid a 7.6 s training step at its third step. Non-strict mode skips
+    those size checks (no guards); where this torch lacks the switch, nothing changes."""
+    import torch._inductor.config as inductor_config
+
+    if hasattr(inductor_config.triton, "mix_order_reduction_non_strict_mode"):
+        return {"triton.mix_order_reduction_non_strict_mode": True}
+    return {}
 
 
 # -- varlen attention for statically packed rows ------------------------------------------------------------
