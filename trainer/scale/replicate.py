@@ -11,11 +11,12 @@ backward); the step waits for them before clipping. FSDP2 (`fsdp.py`) is the oth
 Why both: FSDP2 pays host work on every layer of every micro-batch (its hooks, the all-gather copy-in/out of
 each parameter: `benchmarks/results/fsdp_gpu.md`), which a 0.5B step, already host-bound, cannot hide. A
 replicated step is the one-process step plus the gradient all-reduce, at the price of the whole training state
-on every GPU (18 bytes a parameter, bf16-pure). Measured on 4 x H100 (NVLink) BEFORE the overlap (one
-all-reduce after the backward), tokens/s per GPU against one process: 0.5B at 2 ranks replicate 89% vs FSDP
-71%; at 4 ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. So "auto" replicates
-only where it won then: under REPLICATE_MAX_PARAMS parameters on two ranks (to revisit once the overlapped sum
-is measured: `benchmarks/device/fsdp_four.sh`).
+on every GPU (18 bytes a parameter, bf16-pure). Measured on 4 x H100 (NVLink), tokens/s per GPU against one
+process: BEFORE the overlap (one all-reduce after the backward) 0.5B at 2 ranks replicate 89% vs FSDP 71%, at 4
+ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. WITH the overlap (session 8, an
+otherwise idle host): 0.5B replicate 94.9% at 2 ranks and 102.0% at 4, FSDP 75.1% at 4. So "auto" replicates a
+model under REPLICATE_MAX_PARAMS parameters on up to REPLICATE_MAX_WORLD ranks (the most measured) and shards
+the rest.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ __all__ = ["choose", "state_bytes", "OverlappedSum", "broadcast_weights", "REPLI
 Parallel = Literal["fsdp", "replicate"]
 REPLICATE_FRACTION = 0.4  # replicate when the whole training state is at most this much of one GPU
 REPLICATE_MAX_PARAMS = 1_000_000_000  # ... and the model is this small (larger: FSDP's collectives hide better)
-REPLICATE_MAX_WORLD = 2  # ... on this many ranks at most (4 ranks: FSDP won, see the module docstring)
+REPLICATE_MAX_WORLD = 4  # ... on this many ranks at most (measured up to 4, see the module docstring)
 BUCKET_BYTES = 256 * 2**20  # gradients summed per all-reduce
 
 
@@ -47,7 +48,7 @@ def state_bytes(total: int, trainable: int, parallel: Parallel, world: int) -> i
 
 
 def choose(requested: str, device: str, world: int, total: int, trainable: int, gpu_bytes: int | None) -> Parallel:
-    """`--parallel` resolved: "auto" replicates on CUDA on two ranks when the model is under REPLICATE_MAX_PARAMS
+    """`--parallel` resolved: "auto" replicates on CUDA on 2-4 ranks when the model is under REPLICATE_MAX_PARAMS
     and its whole training state fits in REPLICATE_FRACTION of one GPU (a 0.5B model), else shards (the measured
     winner each way). On a CPU, and in a one-rank group (a sharded checkpoint resumed by one process), "auto"
     shards: the layout the checkpoints and tests of those runs use."""
