@@ -108,11 +108,15 @@ def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def test_the_kernel_is_opt_in_and_resolved_when_the_cache_is_built(monkeypatch):
-    """torch's fused kernel stays the CUDA default (the Triton kernel is opt-in until measured on a GPU); the
-    choice is read when an engine builds its cache, outside the compiled step."""
+def test_the_kernel_is_the_cuda_default_where_triton_imports_and_resolved_when_the_cache_is_built(monkeypatch):
+    """The Triton kernel is the CUDA default (measured faster on an H100), torch's fused kernel where Triton is
+    missing; the choice is read when an engine builds its cache, outside the compiled step."""
+    from atropos_cli.inference import decode_attention
+
     monkeypatch.setattr(engine_module, "ATTENTION", None)
     assert engine_module.attention_kind(is_cuda=False) == "plain"
+    assert engine_module.attention_kind(is_cuda=True) == ("triton" if decode_attention.available() else "fused")
+    monkeypatch.setattr(decode_attention, "available", lambda: False)
     assert engine_module.attention_kind(is_cuda=True) == "fused"
     shape = engine_module.EngineShape(width=2, groups=1, prompt_len=8, gen_len=8)
     cache = engine_module.GroupCache(1, shape, heads=1, dim=16, dtype=torch.float32, device=torch.device("cpu"))

@@ -11,9 +11,9 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   A group's n rows never copy or re-read each other's prompt: the prompt is prefilled once and its keys/values
   are read once a step for all n rows (`group_attention`: the group's n x (query heads per KV head) query rows
   attend to the shared block as one batch; each row attends to its own tokens apart; the two partial results
-  are merged by their log-sum-exps, so the result is exactly attention over prompt + row). Opt-in (`ATTENTION =
-  "triton"`): one Triton kernel does both parts in one pass (`decode_attention.py`), one launch a layer instead
-  of a query copy, two attention kernels and the merge.
+  are merged by their log-sum-exps, so the result is exactly attention over prompt + row). The CUDA default
+  where Triton imports (`ATTENTION`): one Triton kernel does both parts in one pass (`decode_attention.py`), one
+  launch a layer instead of a query copy, two attention kernels and the merge.
 - **Continuous batching by group slot.** A finished group frees its slot; the next queued group is prefilled
   into it while the others keep decoding.
 - **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
@@ -117,9 +117,10 @@ def supports(model: Any) -> bool:
     return attn is not None and hasattr(attn, "layer_idx")
 
 
-# How decode attention runs: "fused" (torch's memory-efficient kernel on each block, merged by log-sum-exps),
-# "plain" (matmuls) or "triton" (one kernel over both blocks, `decode_attention.py`: opt-in, see its docstring).
-# None: "fused" on CUDA, "plain" elsewhere. Read when an engine builds its cache; the benchmark sets it.
+# How decode attention runs: "triton" (one kernel over both blocks, `decode_attention.py`), "fused" (torch's
+# memory-efficient kernel on each block, merged by log-sum-exps) or "plain" (matmuls). None: "triton" on CUDA
+# where Triton imports (H100, 0.5B shape, batch 512: 118.9k tok/s against fused 106.6k in the same run), else
+# "fused"; "plain" on CPU. Read when an engine builds its cache; the benchmark sets it.
 ATTENTION: str | None = None
 
 
@@ -127,7 +128,11 @@ def attention_kind(is_cuda: bool) -> str:
     """The decode attention an engine on a CUDA or a CPU device uses (`ATTENTION` resolved)."""
     if ATTENTION is not None:
         return ATTENTION
-    return "fused" if is_cuda else "plain"
+    if not is_cuda:
+        return "plain"
+    from .decode_attention import available
+
+    return "triton" if available() else "fused"
 
 
 def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool) -> tuple[Any, Any]:
