@@ -109,7 +109,7 @@ def test_groups_share_a_prompt_block_and_match_rows_alone():
         for k in range(5 if i == 1 else 3)
     ]
     shape = engine_shape(rows, 16)
-    assert (shape.width, shape.groups) == (8, 2)  # width: the largest group (5) rounded up; 16 rows at most
+    assert (shape.width, shape.groups) == (4, 4)  # width: the most common group size (3) rounded up; 16 rows
     grouped = StaticEngine(model, Ids(), EngineShape(4, 2, shape.prompt_len, shape.gen_len), sync_every=6).run(rows)
     alone = StaticEngine(model, Ids(), EngineShape(1, 8, shape.prompt_len, shape.gen_len), sync_every=5).run(rows)
     for row, a, b in zip(rows, grouped, alone, strict=True):
@@ -142,6 +142,20 @@ def test_group_attention_equals_attention_over_prompt_and_generated_tokens():
         v = torch.cat([cache.prompt_v[0][g, :, :n_p], cache.gen_v[0][row, :, :n_g]], 1).repeat_interleave(2, 0)
         ref = torch.nn.functional.scaled_dot_product_attention(q[row], k, v, scale=0.4)  # [4, 1, 4]
         assert torch.allclose(out[row, 0], ref[:, 0], atol=1e-5)
+
+
+def test_a_prompt_that_came_twice_does_not_widen_the_engine():
+    """Two items of a step with the same prompt make one group of 16 among groups of 8: the engine keeps the
+    width of the step's groups (the 16 run as two chunks) instead of a second engine twice as wide."""
+
+    def group(prompt: list[int], n: int) -> list[RowRequest]:
+        return [RowRequest(prompt_ids=prompt, max_new_tokens=16, seed=k) for k in range(n)]
+
+    rows = [row for g in range(30) for row in group([g + 1] * 5, 8)] + group([99] * 5, 16)
+    shape = engine_shape(rows, 512)
+    assert (shape.width, shape.groups) == (8, 32)  # 32 chunks of 8 rows: the 256 rows at once
+    assert engine_shape(group([1], 3) + group([2], 5) + group([3], 5), 64).width == 8  # a tie: the larger
+    assert engine_shape(group([1], 8), 4).width == 4  # at most the batch cap
 
 
 def test_prefill_chunks_stay_within_the_token_budget():
