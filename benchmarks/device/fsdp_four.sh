@@ -4,9 +4,9 @@
 # wall, micro-batches, tokens, prepare/collate host ms, GPU tail, reduce wait, buckets started during the
 # backward, gen-2 GC):
 #   plain                      the one-process 0.5B reference (weak scaling is against it)
-#   0.5b:2                     2 ranks at the defaults (`--parallel auto`: replicate for 0.5B on 2 ranks)
+#   0.5b:2                     2 ranks at the defaults (`--parallel auto`: replicate for 0.5B on 2-4 ranks)
 #   0.5b:4:replicate           4 replicas: the row the overlap is for (64.1% before it)
-#   0.5b:4                     4 ranks at the defaults (`auto` picks FSDP at 4 ranks: the same as 0.5b:4:fsdp)
+#   0.5b:4                     4 ranks at the defaults (`auto` replicates a 0.5B model on up to 4 ranks since session 8)
 #   0.5b:4:replicate:numa      4 replicas, each bound to its GPU's NUMA node (does host placement matter?)
 #   plain:1.5b:prof            the one-process 1.5B profile still owed (the MFU anomaly), printed in full
 # Every row's whole output is kept in $OUT/rows/; the tables in $OUT/fsdp.md (rewritten after each row, so a
