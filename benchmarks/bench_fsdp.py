@@ -66,7 +66,7 @@ def qwen(shape: str):
 
 def worker(args) -> None:
     import torch
-    from bench_trainer import make_groups
+    from bench_trainer import graphs_compiled, make_groups
     from transformers import AutoModelForCausalLM
 
     import atropos_cli.trainer.scale.fsdp as fsdp
@@ -115,9 +115,7 @@ def worker(args) -> None:
         torch.cuda.reset_peak_memory_stats()
     retries = torch.cuda.memory_stats().get("num_alloc_retries", 0) if device.startswith("cuda") else 0
     probe = Probe(trainer, sync, node) if args.detail else None
-    from torch._dynamo.utils import counters
-
-    graphs = counters["stats"]["unique_graphs"]
+    graphs = graphs_compiled()
     started = time.perf_counter()
     losses = []
     for batch in batches[args.warmup :]:
@@ -129,7 +127,7 @@ def worker(args) -> None:
             probe.end()
     sync()
     elapsed = time.perf_counter() - started
-    recompiles = counters["stats"]["unique_graphs"] - graphs  # graphs compiled inside the timed steps
+    recompiles = graphs_compiled() - graphs  # graphs compiled inside the timed steps
     timed = batches[args.warmup :]
     if args.profile:  # one more step under the profiler on every rank (they meet in collectives): rank 0 prints
         from torch.profiler import ProfilerActivity, profile

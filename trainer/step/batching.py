@@ -98,10 +98,8 @@ def _temperature(group: ScoredGroup, i: int) -> float:
     return 1.0
 
 
-def _sample(group: ScoredGroup, i: int, advantage: float, max_len: int) -> tuple[Sample, bool]:
-    tokens, masks = group.tokens[i], group.masks[i]
-    truncated = len(tokens) > max_len
-    tokens, masks = tokens[:max_len], masks[:max_len]
+def _sample(group: ScoredGroup, i: int, advantage: float, max_len: int) -> Sample:
+    tokens, masks = group.tokens[i][:max_len], group.masks[i][:max_len]
     if group.advantages is not None:
         per_token = [float(a) for a in group.advantages[i][1:max_len]]
     else:
@@ -120,7 +118,7 @@ def _sample(group: ScoredGroup, i: int, advantage: float, max_len: int) -> tuple
     if group.distill_token_ids is not None and group.distill_logprobs is not None:
         full = teacher_logprobs(group.tokens[i], group.distill_token_ids[i], group.distill_logprobs[i])
         sample.teacher_logprobs = full[: len(tokens) - 1]
-    return sample, truncated
+    return sample
 
 
 def teacher_logprobs(tokens: list[int], top_ids: list[list[int]], top_lps: list[list[float]]) -> list[float]:
@@ -172,7 +170,7 @@ def prepare(
             continue
         group = groups[index]
         for i, adv in enumerate(group_advantages(group.scores, scale_rewards)):
-            sample, _ = _sample(group, i, adv, max_len)
+            sample = _sample(group, i, adv, max_len)
             sample.group = index
             if sample.num_trained > 0:
                 out.samples.append(sample)
