@@ -163,3 +163,63 @@ def test_prefill_chunks_stay_within_the_token_budget():
     assert _chunks([100, 1, 1], 50) == [(0, 1), (1, 3)]  # one oversized prompt still gets its own chunk
     assert engine_shape([RowRequest(prompt_ids=[1] * 200, max_new_tokens=100)], 8) == EngineShape(1, 8, 256, 128)
     assert [gen_bucket(n) for n in (1, 128, 129, 200, 256)] == [128, 128, 256, 256, 256]
+
+
+def test_a_batch_that_ends_by_length_runs_no_replay_past_its_budget():
+    """The loop launches the next steps before it reads the last ones; it stops launching once no row can need
+    more: 1 prefill token + 16 decode steps at 4 a launch is 4 launches, not 5."""
+    model = tiny_causal_lm("qwen", 89, seed=1).eval()
+    rows = [RowRequest(prompt_ids=[3, 4, 5 + i // 4], max_new_tokens=17, seed=i) for i in range(8)]
+    eng = StaticEngine(model, Ids(), engine_shape(rows, 8), sync_every=4)
+    launches = []
+    original = eng._run_steps
+    eng._run_steps = lambda top_p, bucket: (launches.append(bucket), original(top_p, bucket))  # type: ignore[method-assign]
+    out = eng.run(rows)
+    assert [len(r.token_ids) for r in out] == [17] * 8 and len(launches) == 4
+
+
+def test_the_compiled_step_fuses_projections_and_follows_weight_syncs():
+    """The compiled decode step (inductor, here on CPU) runs q/k/v and gate/up as one matrix product each over
+    weights laid end to end, with the same tokens and logprobs as the eager step; an in-place weight sync (what
+    `copy_weights` does) reaches the fused products, with no rebuild."""
+    import atropos_cli.inference.engine as engine_module
+    from atropos_cli.inference import fuse
+
+    model = tiny_causal_lm("qwen", 89, seed=1).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    assert fuse.share_storage(model) == 4 and fuse.share_storage(model) == 0  # 2 layers x 2 groups, once
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # same names, same values
+    fused = []
+
+    def counting(gm, example_inputs):
+        fused.append(fuse.fuse_linears(gm, example_inputs))
+        from torch._inductor.compile_fx import compile_fx
+
+        return compile_fx(gm, example_inputs)
+
+    rows = [RowRequest(prompt_ids=[3, 4, 5 + i // 4], max_new_tokens=9, seed=i) for i in range(8)]
+    shape = engine_shape(rows, 8)
+    compile_fn = engine_module._compiled
+
+    def compiled_counting(fn, backend="inductor"):
+        return compile_fn(fn, counting if backend is fuse.backend else backend)
+
+    engine_module._compiled = compiled_counting
+    try:
+        compiled = StaticEngine(model, Ids(), shape, sync_every=4, compile_step=True)
+        got = compiled.run(rows)
+    finally:
+        engine_module._compiled = compile_fn
+    assert fused == [4]
+    eager = StaticEngine(model, Ids(), shape, sync_every=4, compile_step=False).run(rows)
+    for a, b in zip(got, eager, strict=True):
+        assert a.token_ids == b.token_ids and a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+    other = tiny_causal_lm("qwen", 89, seed=2).eval()
+    with torch.no_grad():
+        for key, tensor in model.state_dict().items():
+            tensor.copy_(other.state_dict()[key])
+    synced = compiled.run(rows)
+    fresh = StaticEngine(other, Ids(), shape, sync_every=4, compile_step=False).run(rows)
+    assert [r.token_ids for r in synced] == [r.token_ids for r in fresh] != [r.token_ids for r in got]
+    for a, b in zip(synced, fresh, strict=True):
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
