@@ -17,6 +17,7 @@ from atropos_cli.inference.engine import (
     engine_shape,
     gen_bucket,
     group_attention,
+    sample_step,
 )
 from atropos_cli.inference.local import load_model
 from atropos_cli.inference.sampler import RowRequest, sample_rows
@@ -223,3 +224,21 @@ def test_the_compiled_step_fuses_projections_and_follows_weight_syncs():
     assert [r.token_ids for r in synced] == [r.token_ids for r in fresh] != [r.token_ids for r in got]
     for a, b in zip(synced, fresh, strict=True):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+
+
+def test_the_two_stage_vocabulary_reductions_equal_the_plain_ones():
+    """The sampler reduces over the vocabulary in chunks (more parallel rows on a GPU): the same token as argmax,
+    ties included (the first maximum), and the same log-sum-exp within fp32 rounding."""
+    from atropos_cli.inference.engine import _argmax, _vocab_chunks
+
+    assert [_vocab_chunks(v) for v in (151936, 32000, 384, 151665)] == [64, 16, 1, 1]
+    gen = torch.Generator().manual_seed(0)
+    ties = torch.randint(0, 4, (16, 151936), generator=gen).float()  # every row has thousands of maxima
+    assert torch.equal(_argmax(ties), ties.argmax(-1))
+    logits = torch.randn(16, 32000, generator=gen) * 5
+    assert torch.equal(_argmax(logits), logits.argmax(-1))
+    ones = torch.ones(16)
+    seeds, counters = torch.arange(16), torch.full((16,), 3)
+    token, logp = sample_step(logits, ones, ones > 0, ones, seeds, counters, use_top_p=False)  # greedy rows
+    assert torch.equal(token, logits.argmax(-1))
+    assert torch.allclose(logp, torch.log_softmax(logits, -1).gather(1, token[:, None])[:, 0], atol=1e-5)

@@ -313,7 +313,9 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
     import torch
 
     vocab = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
-    lse = torch.logsumexp(logits, dim=-1)
+    rows, width = logits.shape
+    chunks = _vocab_chunks(width)  # two stages, for the same reason as `_argmax`
+    lse = torch.logsumexp(torch.logsumexp(logits.view(rows, chunks, width // chunks), -1), -1)
     scaled = logits * inv_temp[:, None]
     if use_top_p:
         probs = torch.softmax(scaled, dim=-1)
@@ -326,8 +328,31 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
     bits = _mix32(row[:, None] + vocab[None, :] * 0x1B873593)  # [rows, vocab]: int32, wrapping
     uniform = (((bits >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = scaled - torch.log(-torch.log(uniform))
-    token = torch.where(greedy, logits.argmax(-1), noisy.argmax(-1))
+    token = torch.where(greedy, _argmax(logits), _argmax(noisy))
     return token, logits.gather(1, token[:, None])[:, 0] - lse
+
+
+def _vocab_chunks(vocab: int) -> int:
+    """Chunks a vocabulary-wide reduction runs in: the largest power of two up to 64 that divides `vocab` into
+    chunks of at least 1024 entries (1: no split)."""
+    chunks = 64
+    while chunks > 1 and (vocab % chunks or vocab // chunks < 1024):
+        chunks //= 2
+    return chunks
+
+
+def _argmax(x: Any) -> Any:
+    """`x.argmax(-1)` of [rows, vocab] in two stages: the maximum of each vocabulary chunk, then of the chunks.
+    The same index (the first maximum: within a chunk, then the first chunk holding it), but [rows x chunks]
+    parallel reductions instead of one per row: compiled as one, 64 rows left most of an H100 idle (its Gumbel
+    argmax took 87 us of a 1.4 ms decode step at batch 64)."""
+    rows, vocab = x.shape
+    chunks = _vocab_chunks(vocab)
+    if chunks == 1:
+        return x.argmax(-1)
+    best, where = x.view(rows, chunks, vocab // chunks).max(-1)
+    chunk = best.argmax(-1)
+    return chunk * (vocab // chunks) + where.gather(1, chunk[:, None])[:, 0]
 
 
 @dataclass
