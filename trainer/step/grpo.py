@@ -309,7 +309,8 @@ class GRPOTrainer:
             stats.add("real_tokens", mb.real_tokens)
         grad_norm = self.precision.step(cfg.grad_clip)
         self.step_count += 1
-        sums = {**stats.floats(), "loss": float(total_loss)}  # the step's one host sync
+        sums = stats.floats(loss=total_loss, grad_norm=torch.as_tensor(grad_norm))  # the step's one host sync
+        grad_norm = sums.pop("grad_norm")
         if self.dist is not None:  # every rank's share of the sums
             sums = self.dist.sum_floats(sums)
         elapsed = time.perf_counter() - started

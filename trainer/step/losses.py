@@ -103,8 +103,14 @@ class LossStats:
         value = value.detach() if isinstance(value, torch.Tensor) else value
         self.sums[name] = self.sums.get(name, 0.0) + value
 
-    def floats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.sums.items()}
+    def floats(self, **more: torch.Tensor) -> dict[str, float]:
+        """The sums (and `more` device scalars) as floats, read in one device-to-host copy: one host sync."""
+        values = {**self.sums, **more}
+        tensors = {k: v for k, v in values.items() if isinstance(v, torch.Tensor)}
+        read = torch.stack([t.float().reshape(()) for t in tensors.values()]).tolist() if tensors else []
+        out = {k: float(v) for k, v in values.items() if not isinstance(v, torch.Tensor)}
+        out.update(zip(tensors, read, strict=True))
+        return out
 
 
 def _clip_surrogate(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float) -> torch.Tensor:
