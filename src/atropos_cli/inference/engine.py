@@ -346,13 +346,18 @@ def _argmax(x: Any) -> Any:
     The same index (the first maximum: within a chunk, then the first chunk holding it), but [rows x chunks]
     parallel reductions instead of one per row: compiled as one, 64 rows left most of an H100 idle (its Gumbel
     argmax took 87 us of a 1.4 ms decode step at batch 64)."""
+    import torch
+
     rows, vocab = x.shape
     chunks = _vocab_chunks(vocab)
     if chunks == 1:
         return x.argmax(-1)
     best, where = x.view(rows, chunks, vocab // chunks).max(-1)
     chunk = best.argmax(-1)
-    return chunk * (vocab // chunks) + where.gather(1, chunk[:, None])[:, 0]
+    # the winning chunk's index picked by a mask, not a gather: inductor (torch 2.11) failed to compile the
+    # gather's bounds check nested in the sampler's own gather of the token's logit (H100, session 9)
+    picked = torch.where(torch.arange(chunks, device=x.device) == chunk[:, None], where, 0).sum(-1)
+    return chunk * (vocab // chunks) + picked
 
 
 @dataclass
