@@ -312,7 +312,7 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
     logits / T restricted to the top-p nucleus when `use_top_p`; noise = hash(seed, counter, vocab id)."""
     import torch
 
-    vocab = torch.arange(logits.shape[-1], device=logits.device, dtype=torch.int32)
+    vocab = torch.arange(logits.shape[-1], device=logits.device)
     rows, width = logits.shape
     chunks = _vocab_chunks(width)  # two stages, for the same reason as `_argmax`
     lse = torch.logsumexp(torch.logsumexp(logits.view(rows, chunks, width // chunks), -1), -1)
@@ -324,8 +324,12 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
         keep = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)
         threshold = sorted_probs.gather(1, keep - 1)
         scaled = scaled.masked_fill(probs < threshold, float("-inf"))
-    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32).to(torch.int32)  # [rows]: int64 is cheap here
-    bits = _mix32(row[:, None] + vocab[None, :] * 0x1B873593)  # [rows, vocab]: int32, wrapping
+    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32)  # [rows]: int64 is cheap here
+    # the hash's input in int64, its low 32 bits as int32 (what int32 wrapping gives): inductor folds the vocab
+    # ids into an index expression, and under the two-stage reductions' [rows, 64, vocab / 64] view its constant
+    # (0x1B873593 x vocab / 64) no longer fits an int32 (torch 2.11, H100: a Triton compile error)
+    start = ((row[:, None] + vocab[None, :] * 0x1B873593) & _MASK32).to(torch.int32)
+    bits = _mix32(start)  # [rows, vocab]: int32, wrapping
     uniform = (((bits >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = scaled - torch.log(-torch.log(uniform))
     token = torch.where(greedy, _argmax(logits), _argmax(noisy))
