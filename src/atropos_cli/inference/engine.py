@@ -307,12 +307,23 @@ def _mix32(x: Any) -> Any:
     return x ^ ((x >> 16) & 0xFFFF)
 
 
-def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any, counters: Any, use_top_p: bool):
-    """(token, raw logprob) per row from fp32 logits [S, V]: argmax where `greedy`, else Gumbel-max over
-    logits / T restricted to the top-p nucleus when `use_top_p`; noise = hash(seed, counter, vocab id)."""
+def vocab_hash(vocab: int, device: Any) -> Any:
+    """(vocab id x 0x1B873593) mod 2^32 as int32, per vocab id: the noise hash's per-column term."""
     import torch
 
-    vocab = torch.arange(logits.shape[-1], device=logits.device)
+    return ((torch.arange(vocab, device=device) * 0x1B873593) & _MASK32).to(torch.int32)
+
+
+def sample_step(
+    logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any, counters: Any, use_top_p: bool, columns=None
+):
+    """(token, raw logprob) per row from fp32 logits [S, V]: argmax where `greedy`, else Gumbel-max over
+    logits / T restricted to the top-p nucleus when `use_top_p`; noise = hash(seed, counter, vocab id).
+    `columns`: `vocab_hash` of the vocabulary, precomputed (the engine's; else made here)."""
+    import torch
+
+    if columns is None:
+        columns = vocab_hash(logits.shape[-1], logits.device)
     rows, width = logits.shape
     chunks = _vocab_chunks(width)  # two stages, for the same reason as `_argmax`
     lse = torch.logsumexp(torch.logsumexp(logits.view(rows, chunks, width // chunks), -1), -1)
@@ -324,12 +335,11 @@ def sample_step(logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any,
         keep = (before < top_p[:, None]).sum(-1, keepdim=True).clamp(min=1)
         threshold = sorted_probs.gather(1, keep - 1)
         scaled = scaled.masked_fill(probs < threshold, float("-inf"))
-    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32)  # [rows]: int64 is cheap here
-    # the hash's input in int64, its low 32 bits as int32 (what int32 wrapping gives): inductor folds the vocab
-    # ids into an index expression, and under the two-stage reductions' [rows, 64, vocab / 64] view its constant
-    # (0x1B873593 x vocab / 64) no longer fits an int32 (torch 2.11, H100: a Triton compile error)
-    start = ((row[:, None] + vocab[None, :] * 0x1B873593) & _MASK32).to(torch.int32)
-    bits = _mix32(start)  # [rows, vocab]: int32, wrapping
+    row = _mix((seeds ^ _mix(counters & _MASK32)) & _MASK32).to(torch.int32)  # [rows]: int64 is cheap here
+    # the per-column term is read from a tensor, not computed from the column index: inductor folds an index
+    # times 0x1B873593 into an int32 index expression, and under the two-stage reductions' [rows, 64, vocab / 64]
+    # view its constant (0x1B873593 x vocab / 64) no longer fits an int32 (torch 2.11, H100: a compile error)
+    bits = _mix32(row[:, None] + columns[None, :])  # [rows, vocab]: int32, wrapping
     uniform = (((bits >> 8) & 0xFFFFFF).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
     noisy = scaled - torch.log(-torch.log(uniform))
     token = torch.where(greedy, _argmax(logits), _argmax(noisy))
@@ -410,6 +420,8 @@ class StaticEngine:
         }  # fmt: skip
         self.dummy_mask = torch.ones(slots, 1, 1, 1, dtype=bool_, device=dev)  # a 4D mask: transformers passes it on
         self.eos_tensor = torch.tensor(self.eos or [-1], dtype=long, device=dev)
+        head = model.get_output_embeddings()
+        self.columns = vocab_hash(head.weight.shape[0] if head is not None else cfg.vocab_size, dev)
         self.column = torch.zeros(1, dtype=long, device=dev)
         self.out_token = torch.zeros(slots, sync_every, dtype=long, device=dev)
         self.out_logp = torch.zeros(slots, sync_every, dtype=f32, device=dev)
@@ -443,7 +455,7 @@ class StaticEngine:
         )  # fmt: skip
         logits = out.logits[:, -1, :].float()
         token, logp = self._step_sampler(
-            logits, s["inv_temp"], s["greedy"], s["top_p"], s["seed"], s["generated"], use_top_p
+            logits, s["inv_temp"], s["greedy"], s["top_p"], s["seed"], s["generated"], use_top_p, self.columns
         )
         alive = s["active"].clone()
         self.out_token.index_copy_(1, self.column, token[:, None])
@@ -539,7 +551,7 @@ class StaticEngine:
         logits = out.logits[:, -1, :].float()[group_of]
         token, logp = self._sampler(
             logits, s["inv_temp"][slot_t], s["greedy"][slot_t], s["top_p"][slot_t],
-            s["seed"][slot_t], s["generated"][slot_t] - 1, bool((s["top_p"][slot_t] < 1).any()),
+            s["seed"][slot_t], s["generated"][slot_t] - 1, bool((s["top_p"][slot_t] < 1).any()), self.columns,
         )  # fmt: skip
         s["token"][slot_t] = token
         return token, logp
