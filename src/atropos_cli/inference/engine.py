@@ -19,12 +19,14 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
 - **The decode step runs on the GPU with no host sync** (model forward, raw log-softmax, Gumbel-max sampling at
   each row's temperature / top-p, EOS and length checks) and on CUDA `sync_every` steps are captured as one CUDA
   graph per (top-p on/off, generation bucket) and replayed; the host reads tokens once per replay, checks stop
-  strings and refills slots. Generation blocks are read only up to the current bucket (a power of two covering
-  the longest row so far, `gen_bucket`), so early steps read a short cache.
-- On CUDA the whole decode step is compiled (`compile_step`) before its graphs are captured: inductor fuses the
-  norms, rotary, the split attention's softmax and the sampler, so a step launches a few kernels a layer (measured
-  2.4x at batch 64 over the eager step; compiling layer by layer instead gave no gain). The price is compile time
-  on the first call: one compile per engine shape and generation bucket.
+  strings and refills slots, one replay behind: the next replay runs meanwhile (`_run`). Generation blocks are
+  read only up to the current bucket (a power of two covering the longest row so far, `gen_bucket`), so early
+  steps read a short cache.
+- On CUDA the whole decode step is compiled (`compile_step`) before its graphs are captured, its q/k/v and
+  gate/up products merged into one each (`fuse.py`); inductor fuses the norms, rotary, the split attention's
+  softmax and the sampler, so a step launches a few kernels a layer (measured 2.4x at batch 64 over the eager
+  step; compiling layer by layer instead gave no gain). The price is compile time on the first call: one compile
+  per engine shape and generation bucket.
 - Sampling noise is a counter-based hash of (row seed, token index, vocab id): a seeded row gets the same noise
   whatever slot or batch it lands in. The [rows x vocabulary] part runs in int32 (`_mix32`, bit for bit the
   int64 hash: GPUs emulate int64 multiplies). Its tokens are bitwise the same across identical calls; alone vs batched
@@ -315,7 +317,14 @@ def vocab_hash(vocab: int, device: Any) -> Any:
 
 
 def sample_step(
-    logits: Any, inv_temp: Any, greedy: Any, top_p: Any, seeds: Any, counters: Any, use_top_p: bool, columns=None
+    logits: Any,
+    inv_temp: Any,
+    greedy: Any,
+    top_p: Any,
+    seeds: Any,
+    counters: Any,
+    use_top_p: bool,
+    columns: Any = None,
 ):
     """(token, raw logprob) per row from fp32 logits [S, V]: argmax where `greedy`, else Gumbel-max over
     logits / T restricted to the top-p nucleus when `use_top_p`; noise = hash(seed, counter, vocab id).
