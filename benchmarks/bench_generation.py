@@ -61,16 +61,37 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def ours(model, prompts: list[list[int]], new: int, device: str, group: int, compile_step: bool | None = None):
-    """Our engine on rows of `group` rollouts a prompt (prompt i // group for row i): (completion tok/s, first
-    call s, results)."""
-    from atropos_cli.inference.engine import StaticEngine, engine_shape
+def workload_args(parser: argparse.ArgumentParser, batches: str) -> None:
+    """The model and rows every engine benchmark runs (this script, profile_engine.py)."""
+    parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--batches", default=batches)
+    parser.add_argument("--prompt-tokens", type=int, default=256)
+    parser.add_argument("--new-tokens", type=int, default=256)
+
+
+def batch_prompts(vocab: int, batch: int, tokens: int) -> list[list[int]]:
+    """`batch` random prompts of `tokens` ids, seeded by the batch size."""
+    gen = torch.Generator().manual_seed(batch)
+    return torch.randint(1, vocab, (batch, tokens), generator=gen).tolist()
+
+
+def engine_rows(prompts: list[list[int]], new: int, group: int) -> list:
+    """One row per prompt slot, `group` rollouts a prompt (prompt i // group for row i), seeded by row."""
     from atropos_cli.inference.sampler import RowRequest
 
-    rows = [
+    return [
         RowRequest(prompt_ids=prompts[i // group], max_new_tokens=new, temperature=1.0, seed=i)
         for i in range(len(prompts))
     ]
+
+
+def ours(model, prompts: list[list[int]], new: int, device: str, group: int, compile_step: bool | None = None):
+    """Our engine on rows of `group` rollouts a prompt (`engine_rows`): (completion tok/s, first call s,
+    results)."""
+    from atropos_cli.inference.engine import StaticEngine, engine_shape
+
+    rows = engine_rows(prompts, new, group)
     engine = StaticEngine(model, IdTokenizer(), engine_shape(rows, len(rows)), compile_step=compile_step)
     started = time.perf_counter()
     engine.run(rows)  # warm-up: CUDA graph capture, compilation
@@ -191,11 +212,7 @@ def loop_split(args) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batches", default="64,256,512")
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=256)
+    workload_args(parser, "64,256,512")
     parser.add_argument("--old-loop-batches", default="64", help="batch sizes that also time sample_rows (slow)")
     parser.add_argument(
         "--variants",
@@ -257,8 +274,7 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for batch in (int(b) for b in args.batches.split(",")):
-        gen = torch.Generator().manual_seed(batch)
-        prompts = torch.randint(1, vocab, (batch, args.prompt_tokens), generator=gen).tolist()
+        prompts = batch_prompts(vocab, batch, args.prompt_tokens)
         hf_by_group: dict[int, float] = {}
         for group_s, comp, attention in variants:
             group, compiled = int(group_s), comp == "1"

@@ -22,7 +22,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_generation import IdTokenizer, _emit, _sync, build_model  # noqa: E402
+from bench_generation import (  # noqa: E402
+    IdTokenizer,
+    _emit,
+    _sync,
+    batch_prompts,
+    build_model,
+    engine_rows,
+    workload_args,
+)
 
 KINDS = [  # (label, substrings of a kernel's name), first match wins
     ("decode attention (Triton)", ("decode_kernel",)),
@@ -44,12 +52,8 @@ def kind_of(name: str) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true")
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--batches", default="64,512")
+    workload_args(parser, "64,512")
     parser.add_argument("--group", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--attention", default=None, help="triton, fused or plain (default: the engine's)")
     parser.add_argument("--top", type=int, default=25, help="kernels listed by name")
     parser.add_argument("--out", default=None)
@@ -57,7 +61,6 @@ def main() -> None:
 
     import atropos_cli.inference.engine as engine_module
     from atropos_cli.inference.engine import StaticEngine, engine_shape
-    from atropos_cli.inference.sampler import RowRequest
 
     engine_module.ATTENTION = args.attention
     cuda = args.device.startswith("cuda")
@@ -68,13 +71,8 @@ def main() -> None:
         f"{args.prompt_tokens}-token prompts, {args.new_tokens} sampled tokens a row, groups of {args.group}",
     ]
     for batch in (int(b) for b in args.batches.split(",")):
-        gen = torch.Generator().manual_seed(batch)
-        vocab = model.config.vocab_size
-        prompts = torch.randint(1, vocab, (batch // args.group + 1, args.prompt_tokens), generator=gen).tolist()
-        rows = [
-            RowRequest(prompt_ids=prompts[i // args.group], max_new_tokens=args.new_tokens, temperature=1.0, seed=i)
-            for i in range(batch)
-        ]
+        prompts = batch_prompts(model.config.vocab_size, batch, args.prompt_tokens)  # bench_generation's rows
+        rows = engine_rows(prompts, args.new_tokens, args.group)
         engine = StaticEngine(model, IdTokenizer(), engine_shape(rows, batch))
         started = time.perf_counter()
         engine.run(rows)

@@ -318,7 +318,7 @@ class GRPOTrainer:
             **metrics,
             **loss_metrics(sums, norm),
             "loss": sums["loss"],
-            "grad_norm": float(grad_norm),
+            "grad_norm": grad_norm,
             "lr": self.optimizer.param_groups[0]["lr"],
             "step_time_s": elapsed,
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,

@@ -480,15 +480,13 @@ class StaticEngine:
         self.column.add_(1)
 
     def _run_steps(self, use_top_p: bool, bucket: int) -> None:
-        """`sync_every` decode steps: replays of the captured graph on CUDA, eager (or compiled) elsewhere."""
-        import torch
-
+        """`sync_every` decode steps: replays of the captured graph on CUDA, eager (or compiled) elsewhere. Runs
+        under `_launch`'s inference mode."""
         self.cache.bucket = bucket
         self.column.zero_()
         if self.device.type != "cuda":
-            with torch.inference_mode():
-                for _ in range(self.sync_every):
-                    self._step_fn(use_top_p)
+            for _ in range(self.sync_every):
+                self._step_fn(use_top_p)
             return
         graph = self._graphs.get((use_top_p, bucket))
         if graph is None:
