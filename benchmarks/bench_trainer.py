@@ -8,6 +8,12 @@ TF32 off). The model is Qwen2.5-0.5B-shaped with random weights built from a con
     python benchmarks/bench_trainer.py                 # GPU, the full comparison (needs atroposlib's
                                                        # example_trainer importable for the Atropos rows)
     python benchmarks/bench_trainer.py --tiny --device cpu --steps 1   # a smoke test of the script itself
+    python benchmarks/bench_trainer.py --isolate --repeat 3            # each row in fresh processes: the median
+
+`--isolate` runs every row in a fresh process of its own (`--repeat` times, the median reported with the range):
+on an H100 the first trainer row of a process ran up to ~8% slower than the same code in its third row, and
+fresh processes of the same code spread 88.7-97.4k tok/s on mixed lengths (results/trainer_gpu.md, session 10),
+so rows that share a process, or one process a row, do not support a difference of a few percent.
 
 For the Atropos rows, atroposlib==0.4.0's wheel (it holds `example_trainer`) and its import-time needs that the
 machine lacks (tenacity, requests, wandb and their pure-Python dependencies) are installed with
@@ -23,6 +29,9 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
+import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -392,23 +401,69 @@ def run_rows(args, cfg, state, lengths: str, mods, fpt_of, lines: list) -> None:
         print(line, flush=True)
 
     specs = args.ours_equal if lengths == "equal" else args.ours_mixed
-    for spec in filter(None, specs.split(",")):
-        variant = parse_variant(spec)
-        setting = describe(variant)
+    rows = [("ours", spec) for spec in filter(None, specs.split(","))]
+    rows += [("atropos", spec) for spec in filter(None, args.atropos.split(",") if mods else [])]
+    for kind, spec in rows:
+        name, setting = ("ours", describe(parse_variant(spec))) if kind == "ours" else ("Atropos", _atropos(spec))
         try:
-            r = bench_ours(args, cfg, state, batches, variant)
-            row("ours", f"{setting} ({r['mode']})", r)
+            if args.isolate:
+                r = _isolated(args, lengths, kind, spec)
+                setting += r["spread"]
+            else:
+                r = _bench_row(args, cfg, state, batches, kind, spec, mods)
+            if kind == "ours":
+                row("ours", f"{setting} ({r['mode']})", r)
+            else:
+                row("Atropos example_trainer", setting, r)
         except Exception as exc:  # a benchmark row that fails is reported, the others still run
-            lines.append(f"| ours | {lengths} | {setting} | failed: {type(exc).__name__}: {str(exc)[:160]} |")
+            lines.append(f"| {name} | {lengths} | {setting} | failed: {type(exc).__name__}: {str(exc)[:160]} |")
             print(lines[-1], flush=True)
-    for spec in filter(None, args.atropos.split(",") if mods else []):
-        micro, ckpt = (int(x) for x in spec.split(":"))
-        setting = f"micro-batch {micro} seqs, ckpt {'on' if ckpt else 'off'}"
-        try:
-            row("Atropos example_trainer", setting, bench_atropos(args, cfg, state, batches, micro, bool(ckpt), mods))
-        except Exception as exc:
-            lines.append(f"| Atropos | {lengths} | {setting} | failed: {type(exc).__name__}: {str(exc)[:120]} |")
-            print(lines[-1], flush=True)
+
+
+def _atropos(spec: str) -> str:
+    micro, ckpt = (int(x) for x in spec.split(":"))
+    return f"micro-batch {micro} seqs, ckpt {'on' if ckpt else 'off'}"
+
+
+def _bench_row(args, cfg, state, batches, kind: str, spec: str, mods) -> dict:
+    if kind == "ours":
+        return bench_ours(args, cfg, state, batches, parse_variant(spec))
+    micro, ckpt = (int(x) for x in spec.split(":"))
+    return bench_atropos(args, cfg, state, batches, micro, bool(ckpt), mods)
+
+
+_ROW = "ROW_RESULT "  # a child's one result line (--child)
+
+
+def _isolated(args, lengths: str, kind: str, spec: str) -> dict:
+    """The row run `args.repeat` times, each in a fresh process of this script (--child); the run with the
+    median tokens/s, and the range of all runs."""
+    argv = [sys.executable, __file__, "--child", f"{kind}={spec}", "--lengths", lengths, "--device", args.device]
+    argv += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
+    argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--tiny"] if args.tiny else [])
+    runs = []
+    for _ in range(args.repeat):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        found = [line[len(_ROW) :] for line in done.stdout.splitlines() if line.startswith(_ROW)]
+        if done.returncode or not found:
+            tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
+            raise RuntimeError(f"child exited {done.returncode}: {tail[0]}")
+        runs.append(json.loads(found[0]))
+    runs.sort(key=lambda r: r["tokens_per_s"])
+    median = runs[(len(runs) - 1) // 2]  # the lower of the middle two for an even count
+    speeds = [r["tokens_per_s"] for r in runs]
+    spread = f", median of {len(runs)} fresh processes" if len(runs) > 1 else ", a fresh process"
+    if len(runs) > 1:
+        spread += f" ({min(speeds):,.0f}-{max(speeds):,.0f}; mean {statistics.mean(speeds):,.0f})"
+    return {**median, "spread": spread}
+
+
+def _child(args, cfg, state, mods) -> None:
+    """--child: one row, printed as one JSON line for the parent (_isolated)."""
+    kind, spec = args.child.split("=", 1)
+    batches = build_batches(args, cfg, args.lengths)
+    r = _bench_row(args, cfg, state, batches, kind, spec, mods)
+    print(_ROW + json.dumps(r), flush=True)
 
 
 def main() -> None:
@@ -426,6 +481,9 @@ def main() -> None:
     parser.add_argument("--atropos", default="32:1", help="variants micro_batch:checkpointing")
     parser.add_argument("--no-grad-check", action="store_true")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
+    parser.add_argument("--isolate", action="store_true", help="each row in fresh processes of its own")
+    parser.add_argument("--repeat", type=int, default=1, help="with --isolate: processes a row (median reported)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind=spec: one row (--isolate)
     args = parser.parse_args()
 
     cfg = qwen_config(args.tiny)
@@ -449,6 +507,11 @@ def main() -> None:
             lines.insert(2, f"note: {mods[-1]}")
     except Exception as exc:
         lines.insert(2, f"Atropos example_trainer not importable: {type(exc).__name__}: {exc}")
+    if args.child:
+        _child(args, cfg, state, mods)
+        return
+    if args.isolate:
+        lines[1] += f"; each row in fresh processes (--isolate, {args.repeat} a row)"
     for lengths in args.lengths.split(","):
         run_rows(args, cfg, state, lengths, mods, lambda n: flops_per_token(probe, n), lines)
     import atropos_cli.trainer.step.logprobs as lp
