@@ -212,14 +212,15 @@ class Probe:
     def __init__(self, trainer, sync, node: str) -> None:
         import gc
 
-        from atropos_cli.trainer.step import grpo
+        from atropos_cli.trainer.step import batching, grpo
 
         self.node = node
         self.steps: list[dict] = []
         self.sync, self.trainer = sync, trainer
         self.cur: dict = {}
         host = ("prepare_ms", grpo, "prepare"), ("prepare_ms", grpo, "reward_metrics")
-        for key, owner, name in (*host, ("collate_ms", trainer, "_micro_batches")):
+        collate = ("collate_ms", trainer, "_micro_batches"), ("collate_ms", batching, "static_micro_batch")
+        for key, owner, name in (*host, *collate):
             setattr(owner, name, self._timed(key, getattr(owner, name)))
         batches = trainer._micro_batches
         trainer._micro_batches = lambda samples: self._count(batches(samples))
@@ -244,7 +245,8 @@ class Probe:
 
     def _count(self, batches):
         self.cur["micro_batches"] = self.cur.get("micro_batches", 0) + len(batches)
-        self.cur["my_tokens"] = self.cur.get("my_tokens", 0) + sum(mb.input_ids.numel() for mb in batches)
+        widths = batches.widths() if hasattr(batches, "widths") else [mb.input_ids.numel() for mb in batches]
+        self.cur["my_tokens"] = self.cur.get("my_tokens", 0) + sum(widths)  # (static rows: not collated here)
         return batches
 
     def _gpu_tail(self, step, clip):

@@ -190,7 +190,8 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     import atropos_cli.trainer.step.grpo as grpo
 
     knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
-    # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA
+    # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA, e every micro-batch collated
+    # before the first forward (the trainer collates each as the step reaches it)
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
@@ -201,6 +202,9 @@ def bench_ours(args, cfg, state, batches, variant: dict):
 
     logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
     trainer = GRPOTrainer(config, model=model)
+    if "e" in knobs:
+        plan = trainer._micro_batches
+        trainer._micro_batches = lambda samples: list(plan(samples))  # type: ignore[method-assign]
     result = time_steps(trainer.step, batches, args.warmup, args.device)
     result["peak"] = _peak(args.device)
     result["mode"] = trainer.pack
@@ -241,6 +245,7 @@ def describe(v: dict) -> str:
         "d": "per-layer compile, all dims dynamic",
         "r": "GQA by repeated KV heads",
         "b": "one gradient add each (no buckets)",
+        "e": "all micro-batches collated first",
     }
     text += "".join(f", {names[k]}" for k in v["knobs"])
     return text

@@ -50,7 +50,8 @@ def annotate(trainer) -> None:
     import atropos_cli.trainer.step.precision as precision
 
     _wrap(grpo, "prepare", "prep: prepare samples")
-    _wrap(grpo.GRPOTrainer, "_micro_batches", "prep: collate micro-batches")
+    _wrap(grpo.GRPOTrainer, "_micro_batches", "prep: plan micro-batches")
+    _wrap(batching, "static_micro_batch", "prep: collate a micro-batch")  # static rows: as each is read
     _wrap(batching.MicroBatch, "to", "prep: micro-batch to device")
     _wrap(grpo.GRPOTrainer, "_logprobs", "fwd: body + LM head")
     _wrap(grpo, "policy_loss", "fwd: policy loss")
@@ -183,7 +184,7 @@ def main() -> None:
     started = time.perf_counter()
     prepared = prepare(b, True, False, 1025)
     mid = time.perf_counter()
-    mbs = trainer._micro_batches(prepared.samples)
+    mbs = list(trainer._micro_batches(prepared.samples))  # static rows collate as they are read
     done = time.perf_counter()
     print(
         f"host prep alone: prepare {1e3 * (mid - started):.1f} ms, collate {1e3 * (done - mid):.1f} ms, {len(mbs)} mb"

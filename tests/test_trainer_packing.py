@@ -3,6 +3,8 @@ trained positions reach the LM head."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -201,3 +203,32 @@ def test_compiled_layers_never_guard_on_the_row_width(monkeypatch):
     compile_body(model, model.model, regional=True)
     assert [module for module, _ in calls] == list(model.model.layers)
     assert all(kw["options"] == {"triton.mix_order_reduction_non_strict_mode": True} for _, kw in calls)
+
+
+def test_static_micro_batches_are_collated_as_the_step_reaches_them(monkeypatch):
+    """Each static micro-batch is collated just before its forward (the GPU starts after one collation, not all
+    of them), exactly once, and the step trains on the same tensors as eager collation gives."""
+    import atropos_cli.trainer.step.batching as batching
+    from atropos_cli.trainer.step.attention import use_varlen
+
+    model = tiny_qwen()
+    trainer = GRPOTrainer(GRPOConfig(out="unused", micro_batch_tokens=48, max_len=32, lr=1e-3), model=model)
+    use_varlen(model)
+    trainer.pack = "static"
+    samples = prepare(ragged_groups(), scale_rewards=True, dynamic_sampling=False, max_len=32).samples
+    deferred = trainer._micro_batches(samples)
+    eager = batching.static_micro_batches(samples, trainer.static_shape)
+    assert isinstance(deferred, batching.Deferred) and len(deferred) == len(eager) > 1
+    assert deferred.widths() == [mb.input_ids.shape[1] for mb in eager]
+    for lazy, built in zip(deferred, eager, strict=True):
+        for name, value in vars(built).items():
+            other = getattr(lazy, name)
+            assert torch.equal(other, value) if isinstance(value, torch.Tensor) else other == value, name
+
+    events = []
+    collate, forward = batching.static_micro_batch, trainer._logprobs
+    monkeypatch.setattr(batching, "static_micro_batch", lambda *a: events.append("collate") or collate(*a))
+    monkeypatch.setattr(trainer, "_logprobs", lambda *a: events.append("forward") or forward(*a))
+    trainer.policy = functools.partial(trainer._logprobs, model)
+    assert not trainer.step(ragged_groups()).get("skipped")
+    assert events == ["collate", "forward"] * len(eager)

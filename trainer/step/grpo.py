@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
-from .batching import Sample, StaticShape, micro_batches, prepare, static_micro_batches
+from .batching import Deferred, Sample, StaticShape, micro_batches, prepare, static_rows
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
@@ -335,11 +335,12 @@ class GRPOTrainer:
         filler = Sample(tokens=[0, 0], trained=[True], advantages=[0.0], temperature=1.0, inference_logprobs=None)
         return self._micro_batches([filler])[0]
 
-    def _micro_batches(self, samples: list[Any]) -> list[Any]:
+    def _micro_batches(self, samples: list[Any]) -> Sequence[Any]:
+        """The step's micro-batches; static ones are collated as they are read (`batching.Deferred`)."""
         if not samples:
             return []
         if self.pack == "static":
-            return static_micro_batches(samples, self.static_shape)
+            return Deferred(static_rows(samples, self.static_shape), self.static_shape)
         return micro_batches(samples, self.micro_batch_tokens, self.pack == "rows")
 
     def _set_lr(self) -> None:
