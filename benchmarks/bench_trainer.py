@@ -154,16 +154,21 @@ def time_steps(step, batches: list, warmup: int, device: str) -> dict:
     _sync(device)
     graphs = graphs_compiled()
     started = time.perf_counter()
+    ends = []  # each timed step's end (a step ends with a host sync: these cost the GPU queue nothing)
     for batch in batches[warmup:]:
         step(batch)
-    _sync(device)
-    elapsed = time.perf_counter() - started
+        _sync(device)
+        ends.append(time.perf_counter())
+    elapsed = ends[-1] - started
     timed = batches[warmup:]
+    steps_ms = [round(1e3 * (b - a), 1) for a, b in zip([started, *ends], ends, strict=False)]
+    print(f"  timed steps (ms): {steps_ms}", flush=True)  # a slow row: uniform, or a few outliers?
     return {
         "s_per_step": elapsed / len(timed),
         "tokens_per_s": sum(real_tokens(b) for b in timed) / elapsed,
         "first_step_s": first,
         "recompiles": graphs_compiled() - graphs,
+        "steps_ms": steps_ms,
     }
 
 
@@ -454,6 +459,8 @@ def _isolated(args, lengths: str, kind: str, spec: str) -> dict:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
             raise RuntimeError(f"child exited {done.returncode}: {tail[0]}")
         runs.append(json.loads(found[0]))
+        last = runs[-1]
+        print(f"  {kind} {spec}, run {len(runs)}: {last['tokens_per_s']:,.0f} tok/s, steps (ms) {last['steps_ms']}")
     runs.sort(key=lambda r: r["tokens_per_s"])
     median = runs[(len(runs) - 1) // 2]  # the lower of the middle two for an even count
     speeds = [r["tokens_per_s"] for r in runs]
