@@ -10,6 +10,7 @@ timeout 400 python3 benchmarks/bench_trainer.py --isolate --repeat "${REPEAT:-3}
   --lengths mixed,equal --no-grad-check --ours-mixed "${MIXED:-$D}" --ours-equal "${EQUAL:-$D}" --atropos "" \
   --out "$OUT/trainer.md" > "$OUT/trainer.log" 2>&1
 cat "$OUT/trainer.md" 2>/dev/null || grep -v "^W1\|warn" "$OUT/trainer.log" | tail -30
+grep "^  ours" "$OUT/trainer.log"  # each run's tokens/s and timed step times
 timeout 120 python3 benchmarks/bench_trainer.py --steps 9 --warmup 3 --lengths mixed,equal --no-grad-check \
   --ours-mixed "" --ours-equal "" --atropos 32:1 --out "$OUT/atropos.md" > "$OUT/atropos.log" 2>&1
 grep "^| Atropos" "$OUT/atropos.md" 2>/dev/null || grep -v "^W1\|warn" "$OUT/atropos.log" | tail -10
