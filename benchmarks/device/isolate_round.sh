@@ -1,7 +1,7 @@
 # One H100, one call (under 9 minutes): the trainer's defaults, mixed and equal lengths, each row in 3 fresh
 # processes (bench_trainer.py --isolate: median and range), then Atropos' example_trainer on the same machine
 # (issue 23, Must 1 and 5). Session 10 found a process's first trainer row up to ~8% slower than a later row of
-# the same code and fresh processes spreading ~9%: compare settings only with --isolate. Extra rows: MIXED=...
+# the same code and fresh processes spreading up to ~10%: compare settings only with --isolate. Extra rows: MIXED=...
 # EQUAL=... (bench_trainer.parse_variant specs, comma-separated).
 source benchmarks/device/setup.sh
 export TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
