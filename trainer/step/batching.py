@@ -392,6 +392,10 @@ class StaticShape:
         max_docs = width // 128 + -(-width // max_doc_len) + 1
         return cls(width, max_doc_len, max_docs, exact)
 
+    def width_of(self, row: list[Sample]) -> int:
+        """The model tokens of `row`'s micro-batch: its samples' (exact rows) or the fixed width."""
+        return sum(len(s.tokens) - 1 for s in row) if self.exact else self.width
+
 
 def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[MicroBatch]:
     """Samples packed end to end into rows of exactly `shape.width` tokens (first-fit decreasing, at most
@@ -410,7 +414,7 @@ def static_rows(samples: list[Sample], shape: StaticShape) -> list[list[Sample]]
 def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     """One static row's micro-batch (`static_micro_batches`)."""
     lengths = [len(s.tokens) - 1 for s in row]
-    width = sum(lengths) if shape.exact else shape.width
+    width = shape.width_of(row)
     mb = _collate([row], width=width)
     free = width - sum(lengths)
     pieces = [shape.max_doc_len] * (free // shape.max_doc_len) + (
@@ -445,9 +449,7 @@ class Deferred(Sequence[MicroBatch]):
 
     def widths(self) -> list[int]:
         """Each micro-batch's model tokens, without collating it."""
-        if not self.shape.exact:
-            return [self.shape.width] * len(self.rows)
-        return [sum(len(s.tokens) - 1 for s in row) for row in self.rows]
+        return [self.shape.width_of(row) for row in self.rows]
 
     @overload
     def __getitem__(self, index: int) -> MicroBatch: ...
