@@ -161,7 +161,7 @@ def time_steps(step, batches: list, warmup: int, device: str) -> dict:
         ends.append(time.perf_counter())
     elapsed = ends[-1] - started
     timed = batches[warmup:]
-    steps_ms = [round(1e3 * (b - a), 1) for a, b in zip([started, *ends], ends, strict=False)]
+    steps_ms = [round(1e3 * (b - a), 1) for a, b in zip([started, *ends[:-1]], ends, strict=True)]
     print(f"  timed steps (ms): {steps_ms}", flush=True)  # a slow row: uniform, or a few outliers?
     return {
         "s_per_step": elapsed / len(timed),
@@ -430,16 +430,21 @@ def run_rows(args, cfg, state, lengths: str, mods, fpt_of, lines: list) -> None:
             print(lines[-1], flush=True)
 
 
-def _atropos(spec: str) -> str:
+def _atropos_spec(spec: str) -> tuple[int, bool]:
+    """An Atropos row's `micro_batch:checkpointing`."""
     micro, ckpt = (int(x) for x in spec.split(":"))
+    return micro, bool(ckpt)
+
+
+def _atropos(spec: str) -> str:
+    micro, ckpt = _atropos_spec(spec)
     return f"micro-batch {micro} seqs, ckpt {'on' if ckpt else 'off'}"
 
 
 def _bench_row(args, cfg, state, batches, kind: str, spec: str, mods) -> dict:
     if kind == "ours":
         return bench_ours(args, cfg, state, batches, parse_variant(spec))
-    micro, ckpt = (int(x) for x in spec.split(":"))
-    return bench_atropos(args, cfg, state, batches, micro, bool(ckpt), mods)
+    return bench_atropos(args, cfg, state, batches, *_atropos_spec(spec), mods)
 
 
 _ROW = "ROW_RESULT "  # a child's one result line (--child)
