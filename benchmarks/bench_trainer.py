@@ -502,6 +502,8 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="with --isolate: processes a row (median reported)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # kind=spec: one row (--isolate)
     args = parser.parse_args()
+    if args.repeat < 1:
+        parser.error(f"--repeat is {args.repeat}; give at least 1 (processes a row with --isolate)")
 
     cfg = qwen_config(args.tiny)
     state = {k: v.cpu() for k, v in fresh_model(cfg, "cpu").state_dict().items()}
