@@ -188,6 +188,7 @@ def bench_ours(args, cfg, state, batches, variant: dict):
         pack=variant["pack"],
         activation_memory_budget=variant["budget"],
         lora_r=variant["lora"],
+        cuda_graphs=False if "g" in variant["knobs"] else None,
         lr=1e-6,
         max_len=args.seq_len + 1,
     )
@@ -196,7 +197,7 @@ def bench_ours(args, cfg, state, batches, variant: dict):
 
     knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
     # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA, e every micro-batch collated
-    # before the first forward (the trainer collates each as the step reaches it)
+    # before the first forward (the trainer collates each as the step reaches it), g no CUDA graphs
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
@@ -213,6 +214,11 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     result = time_steps(trainer.step, batches, args.warmup, args.device)
     result["peak"] = _peak(args.device)
     result["mode"] = trainer.pack
+    graphs = trainer.graphs
+    if graphs is not None:  # how the micro-batches ran: a row whose recordings failed must not pass for graphed
+        result["graphs"] = f"{graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager"
+        result["graphs"] += f", FAILED: {graphs.failed}" if graphs.failed else ""
+        print(f"  CUDA graphs: {result['graphs']}", flush=True)
     return result
 
 
@@ -251,6 +257,7 @@ def describe(v: dict) -> str:
         "r": "GQA by repeated KV heads",
         "b": "one gradient add each (no buckets)",
         "e": "all micro-batches collated first",
+        "g": "no CUDA graphs",
     }
     text += "".join(f", {names[k]}" for k in v["knobs"])
     return text
@@ -465,7 +472,9 @@ def _isolated(args, lengths: str, kind: str, spec: str) -> dict:
             raise RuntimeError(f"child exited {done.returncode}: {tail[0]}")
         runs.append(json.loads(found[0]))
         last = runs[-1]
-        print(f"  {kind} {spec}, run {len(runs)}: {last['tokens_per_s']:,.0f} tok/s, steps (ms) {last['steps_ms']}")
+        graphs = f", CUDA graphs: {last['graphs']}" if "graphs" in last else ""
+        speed = f"{last['tokens_per_s']:,.0f} tok/s"
+        print(f"  {kind} {spec}, run {len(runs)}: {speed}, steps (ms) {last['steps_ms']}{graphs}")
     runs.sort(key=lambda r: r["tokens_per_s"])
     median = runs[(len(runs) - 1) // 2]  # the lower of the middle two for an even count
     speeds = [r["tokens_per_s"] for r in runs]

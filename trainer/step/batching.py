@@ -39,6 +39,7 @@ __all__ = [
     "static_micro_batch",
     "Deferred",
     "StaticShape",
+    "bucket",
 ]
 
 MASKED = -100
@@ -261,11 +262,11 @@ class _Filling:
     temps: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
-    def empty(cls, rows: int, samples: list[Sample], width: int, span: int) -> _Filling:
+    def empty(cls, rows: int, samples: list[Sample], width: int, span: int, slots: int | None = None) -> _Filling:
         def zeros() -> torch.Tensor:
             return torch.zeros(rows, width, dtype=torch.long)
 
-        b = len(samples)
+        b = slots or len(samples)
         have_inf = all(s.inference_logprobs is not None for s in samples)
         have_teacher = all(s.teacher_logprobs is not None for s in samples)
         return cls(
@@ -296,13 +297,13 @@ class _Filling:
         self.temps.append(torch.full((len(where),), 1.0 / s.temperature))
 
 
-def _collate(rows: list[list[Sample]], width: int | None = None) -> MicroBatch:
+def _collate(rows: list[list[Sample]], width: int | None = None, layout: tuple[int, int] | None = None) -> MicroBatch:
     """Rows of samples (one sample a row = padded; several = packed) into one micro-batch; `width` fixes the
-    row width (static packing; the caller fills the rest)."""
+    row width (static packing; the caller fills the rest), `layout` the loss layout's (slots, span)."""
     samples = [s for row in rows for s in row]
     width = width or max(sum(len(s.tokens) - 1 for s in row) for row in rows)
-    span = max(len(s.tokens) - 1 for s in samples)
-    f = _Filling.empty(len(rows), samples, width, span)
+    slots, span = layout or (len(samples), max(len(s.tokens) - 1 for s in samples))
+    f = _Filling.empty(len(rows), samples, width, span, slots)
     k = 0
     for row_index, row in enumerate(rows):
         offset = 0
@@ -371,6 +372,15 @@ def _pack(samples: list[Sample], capacity: int, max_items: int | None = None) ->
     return bins
 
 
+def bucket(n: int) -> int:
+    """`n` rounded up to one of few sizes: a multiple of 128 up to 1024, then one of 8 sizes an octave (at most
+    12.5% more; 16 sizes from 1024 to 4096). CUDA graphs are recorded per bucket (trainer/step/graphs.py)."""
+    if n <= 1024:
+        return max(128, -(-n // 128) * 128)
+    step = 1 << (n.bit_length() - 4)  # n in [2^k, 2^(k+1)): steps of 2^k / 8
+    return -(-n // step) * step
+
+
 @dataclass(frozen=True)
 class StaticShape:
     """The one shape every statically packed micro-batch has, so a compiled model never recompiles:
@@ -381,20 +391,32 @@ class StaticShape:
     max_doc_len: int
     max_docs: int
     exact: bool = False  # rows end at their last sample (no filler): the width is marked dynamic instead
+    # CUDA graphs (graphs.py): rows end at a `bucket` width (filler up to it), the trained positions are padded to
+    # a bucket count, and the loss layout is always [max_docs + 1, max_doc_len]: few shapes, each one recording
+    bucketed: bool = False
 
     @classmethod
-    def for_budget(cls, micro_batch_tokens: int, max_len: int, exact: bool = False) -> StaticShape:
+    def for_budget(cls, micro_batch_tokens: int, max_len: int, exact: bool = False, bucketed: bool = False):
         # a sample has at most max_len - 1 model tokens; pieces rounded up to attention's 128-token blocks
         max_doc_len = -(-(max_len - 1) // 128) * 128
         width = max(micro_batch_tokens, max_doc_len)
         # a row holds at most width/128 samples (+ filler pieces): each slot costs the attention kernel empty
         # thread blocks, so the cap stays small (measured: 261 slots made attention 3-4x slower)
         max_docs = width // 128 + -(-width // max_doc_len) + 1
-        return cls(width, max_doc_len, max_docs, exact)
+        return cls(width, max_doc_len, max_docs, exact or bucketed, bucketed)
 
     def width_of(self, row: list[Sample]) -> int:
-        """The model tokens of `row`'s micro-batch: its samples' (exact rows) or the fixed width."""
-        return sum(len(s.tokens) - 1 for s in row) if self.exact else self.width
+        """The model tokens of `row`'s micro-batch: its samples' (exact rows), their bucket, or the fixed width."""
+        tokens = sum(len(s.tokens) - 1 for s in row)
+        if self.bucketed:
+            return min(bucket(tokens), self.width)
+        return tokens if self.exact else self.width
+
+    @property
+    def loss_layout(self) -> tuple[int, int] | None:
+        """Bucketed: the fixed (slots, span) of the loss layout; its last slot holds no sample (padding lands
+        there); None: as the samples come."""
+        return (self.max_docs + 1, self.max_doc_len) if self.bucketed else None
 
 
 def static_micro_batches(samples: list[Sample], shape: StaticShape) -> list[MicroBatch]:
@@ -415,7 +437,7 @@ def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     """One static row's micro-batch (`static_micro_batches`)."""
     lengths = [len(s.tokens) - 1 for s in row]
     width = shape.width_of(row)
-    mb = _collate([row], width=width)
+    mb = _collate([row], width=width, layout=shape.loss_layout)
     free = width - sum(lengths)
     pieces = [shape.max_doc_len] * (free // shape.max_doc_len) + (
         [free % shape.max_doc_len] if free % shape.max_doc_len else []
@@ -431,7 +453,20 @@ def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     cu[: len(bounds)] = bounds
     mb.attention_mask.fill_(1)
     mb.cu_seqlens, mb.max_doc_len, mb.padded = cu, shape.max_doc_len, False
+    if shape.bucketed:
+        _pad_trained(mb, min(bucket(len(mb.select)), width), shape)
     return mb
+
+
+def _pad_trained(mb: MicroBatch, count: int, shape: StaticShape) -> None:
+    """Pad the trained positions to `count`: the extra ones read position 0 and land in the loss layout's last
+    slot, which no sample has (its mask is 0: they add nothing to the loss, its gradient or its stats)."""
+    pad = count - len(mb.select)
+    slots, span = shape.max_docs + 1, shape.max_doc_len
+    mb.select = torch.cat([mb.select, torch.zeros(pad, dtype=torch.long)])
+    mb.place = torch.cat([mb.place, torch.full((pad,), (slots - 1) * span, dtype=torch.long)])
+    if mb.inv_temperature is not None:
+        mb.inv_temperature = torch.cat([mb.inv_temperature, torch.ones(pad)])
 
 
 class Deferred(Sequence[MicroBatch]):

@@ -20,6 +20,7 @@ API, the in-process env workers), step, write metrics, sync weights to the infer
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,6 +37,7 @@ from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Deferred, Sample, StaticShape, micro_batches, prepare, static_rows
+from .graphs import MicroBatchGraphs
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
@@ -168,10 +170,10 @@ class GRPOTrainer:
         if dist is not None:
             config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
         self.replicated = dist is not None and config.parallel == "replicate"
+        sharded = dist is not None and not self.replicated
+        held = replicate.state_bytes(total, trainable, "fsdp" if sharded else "replicate", world)
+        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
         if config.micro_batch_tokens is None:
-            sharded = dist is not None and not self.replicated
-            held = replicate.state_bytes(total, trainable, "fsdp" if sharded else "replicate", world)
-            per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
             config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens
         self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
@@ -206,8 +208,33 @@ class GRPOTrainer:
                 tied = head is lora.unwrap(self.model).get_input_embeddings().weight
                 self.precision.sum_over(reducer, head, tied)
         self.optimizer = self.precision.optimizer
+        self.graphs: MicroBatchGraphs | None = None
+        refused = self._graphs_refused(dtype)
+        if config.cuda_graphs and refused:
+            raise ConfigError(f"--cuda-graphs needs {refused}", hint="drop --cuda-graphs (the default decides)")
+        # auto: on where a micro-batch's activations fit twice (a shape's first, eager micro-batch runs beside the
+        # recordings' memory pool)
+        fits = gpu is not None and 2 * self.micro_batch_tokens * per_token + held <= 0.8 * gpu
+        if not refused and (config.cuda_graphs or (config.cuda_graphs is None and fits)):
+            self.static_shape = dataclasses.replace(self.static_shape, exact=True, bucketed=True)
+            undo = self.precision.discard_pending
+            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, on_failure=undo)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
+
+    def _graphs_refused(self, dtype: str) -> str | None:
+        """Why this run cannot replay micro-batches as CUDA graphs (graphs.py), or None."""
+        cfg = self.config
+        reasons = (
+            (not self.device.startswith("cuda"), "a CUDA device"),
+            (self.pack != "static", "packed micro-batches (--pack, torch's varlen attention)"),
+            (self.dist is not None, "a one-process run (many ranks replay no graphs yet)"),
+            (dtype != "bf16-pure", "--dtype bf16-pure (the CUDA default): gradients must land in the fp32 master"),
+            (self.ref_model is not None, "no KL reference (--kl-beta 0)"),
+            (self.is_lora, "full fine-tuning (LoRA replays no graphs yet)"),
+            (cfg.gradient_checkpointing, "no --gradient-checkpointing"),
+        )
+        return next((why for refused, why in reasons if refused), None)
 
     def _shard(self, dist: Dist, mixed: bool) -> None:
         """FSDP2 over the run's ranks (fsdp.py): the policy, and a full-model reference on its own."""
@@ -275,36 +302,17 @@ class GRPOTrainer:
         for i in range(count):
             if fsdp_dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
-            mb = (batches[i] if i < len(batches) else self._filler()).to(self.device)
             if i == len(batches) - 1:  # replicas: this backward starts the gradient sum bucket by bucket
                 self.precision.last_backward()
-            logp = self.policy(mb)
-            ref = None
-            if self.reference is not None:
-                with torch.no_grad():
-                    ref = self.reference(mb)
             if i >= len(batches):
-                (logp.sum() * 0.0).backward()  # joins the collectives, adds nothing
+                self._filler_pass()
                 continue
-            loss = policy_loss(
-                logp,
-                mb.advantages,
-                mb.loss_mask,
-                self.loss_cfg,
-                norm,
-                inference_logp=mb.inference_logp,
-                ref_logp=ref,
-                stats=stats,
-            )
-            if cfg.distill_beta > 0 and mb.teacher_logp is not None and mb.teacher_mask is not None:
-                covered = mb.teacher_mask * mb.loss_mask
-                loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
-                stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
-                stats.add("distill_tokens", covered.sum())
-            # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py); replicas sum
-            (loss * fsdp_dist.world if fsdp_dist is not None else loss).backward()
-            self.precision.after_backward()
-            total_loss += loss.detach()
+            mb = batches[i]
+            if self.graphs is not None:  # the recording of its shape, replayed (graphs.py)
+                loss = self.graphs(mb, norm, stats)
+            else:
+                loss = self._train_micro_batch(mb.to(self.device), norm, stats)
+            total_loss += loss
             stats.add("padded_tokens", mb.input_ids.numel())
             stats.add("real_tokens", mb.real_tokens)
         grad_norm = self.precision.step(cfg.grad_clip)
@@ -323,6 +331,43 @@ class GRPOTrainer:
             "step_time_s": elapsed,
             "train_tokens_per_s": sums["padded_tokens"] / elapsed,
         }
+
+    def _train_micro_batch(self, mb: Any, norm: Normaliser, stats: LossStats) -> Any:
+        """Forward, loss and backward of one micro-batch on the device; its loss, detached. What a CUDA graph
+        records (graphs.py): nothing here may sync with the host."""
+        import torch
+
+        logp = self.policy(mb)
+        ref = None
+        if self.reference is not None:
+            with torch.no_grad():
+                ref = self.reference(mb)
+        cfg = self.config
+        loss = policy_loss(
+            logp, mb.advantages, mb.loss_mask, self.loss_cfg, norm, inference_logp=mb.inference_logp, ref_logp=ref,
+            stats=stats,
+        )  # fmt: skip
+        if cfg.distill_beta > 0 and mb.teacher_logp is not None and mb.teacher_mask is not None:
+            covered = mb.teacher_mask * mb.loss_mask
+            loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
+            stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
+            stats.add("distill_tokens", covered.sum())
+        # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py); replicas sum
+        fsdp_dist = None if self.replicated else self.dist
+        (loss * fsdp_dist.world if fsdp_dist is not None else loss).backward()
+        self.precision.after_backward()
+        return loss.detach()
+
+    def _filler_pass(self) -> None:
+        """A rank with fewer micro-batches than the others joins their collectives with a zero-weight one."""
+        import torch
+
+        mb = self._filler().to(self.device)
+        logp = self.policy(mb)
+        if self.reference is not None:
+            with torch.no_grad():
+                self.reference(mb)
+        (logp.sum() * 0.0).backward()  # joins the collectives, adds nothing
 
     def _my_groups(self, loads: dict[int, int]) -> set[int]:
         """This rank's whole groups of the step (`distributed.assign_groups` over the groups' token loads)."""

@@ -87,10 +87,18 @@ def loss_config(name: str, **overrides: object) -> LossConfig:
 
 @dataclass(frozen=True)
 class Normaliser:
-    """Counts over the WHOLE optimizer step (all micro-batches), so micro-batch losses add up exactly."""
+    """Counts over the WHOLE optimizer step (all micro-batches), so micro-batch losses add up exactly.
 
-    num_sequences: int
-    num_tokens: int
+    Python ints, or 0-dim device tensors (a CUDA graph replays one recording for every step: its counts are
+    inputs, graphs.py) that hold at least 1."""
+
+    num_sequences: int | torch.Tensor
+    num_tokens: int | torch.Tensor
+
+    @property
+    def token_divisor(self) -> int | torch.Tensor:
+        """The token count to divide by: never 0."""
+        return self.num_tokens if isinstance(self.num_tokens, torch.Tensor) else max(self.num_tokens, 1)
 
 
 @dataclass
@@ -144,7 +152,7 @@ def _aggregate(per_token: torch.Tensor, mask: torch.Tensor, cfg: LossConfig, nor
         lengths = mask.sum(-1).clamp_min(1.0)
         return ((per_token * mask).sum(-1) / lengths).sum() / norm.num_sequences
     if cfg.aggregation == "token_mean":
-        return (per_token * mask).sum() / max(norm.num_tokens, 1)
+        return (per_token * mask).sum() / norm.token_divisor
     return (per_token * mask).sum() / (norm.num_sequences * cfg.max_completion_len)
 
 
@@ -227,4 +235,4 @@ def distill_loss(logp: torch.Tensor, teacher_logp: torch.Tensor, mask: torch.Ten
     """
     mask = mask.to(logp.dtype)
     reverse_kl = (logp.detach() - teacher_logp) * mask
-    return (reverse_kl * logp).sum() / max(norm.num_tokens, 1)
+    return (reverse_kl * logp).sum() / norm.token_divisor

@@ -116,6 +116,17 @@ class Precision:
                 if self.reducer is not None:
                     self.reducer.ready([m])
 
+    def discard_pending(self) -> None:
+        """Forget bf16 gradients not yet moved into the accumulators (a CUDA graph recording that failed
+        midway: it ran nothing, so the accumulators are as before it)."""
+        if self.master is None:  # fp32 / bf16: .grad is the accumulator itself, untouched by a recording
+            return
+        self._bucket.sinks.clear()
+        self._bucket.grads.clear()
+        self._bucket.masters.clear()
+        for p in self.params:  # bf16-pure: a bf16 .grad only ever waits to be moved
+            p.grad = None
+
     def step(self, grad_clip: float) -> Any:
         """Clip, update, zero; returns the pre-clip gradient norm (a device tensor: no host sync)."""
         import torch

@@ -1,0 +1,158 @@
+"""CUDA graphs of whole micro-batches: one recording per shape replays the forward, the loss, the backward and the
+gradient moves into the fp32 master, with no host work per layer.
+
+Where it sits: `GRPOTrainer.step` hands each statically packed micro-batch to `MicroBatchGraphs` (when
+`--cuda-graphs` is on: its default for one-process CUDA training, grpo.py), which copies it into the static
+buffers of its shape and replays that shape's recording. Shapes are few because the rows are bucketed
+(`batching.StaticShape.bucketed`: row widths and trained-position counts rounded up to `batching.bucket` sizes,
+the loss layout fixed).
+
+Why: on an H100 a mixed-length step of the 0.5B model was host-bound (benchmarks/results/trainer_gpu.md):
+~9k kernel launches a step through 24 compiled layers, forward and backward, each call costing the host its
+guards, its autograd wrapper and inductor's Python launches; the GPU idled ~30% of the step. A replay is one
+launch: the host queues a whole micro-batch in microseconds and runs ahead, so the GPU is never left waiting.
+(Inductor's per-layer graph trees were tried in session 8 and were slower: their per-call bookkeeping stays on
+the host. This records the whole micro-batch, outside any compiled function.)
+
+A shape's life: the first micro-batch of a shape runs eagerly on the shape's buffers (it compiles and loads
+every kernel: nothing may initialise lazily inside a recording); the second is recorded (a recording runs
+nothing) and replayed; later ones are replayed. All recordings share one memory pool; a replay's outputs (the
+loss and the loss stats) are added into the step's own tensors right after it, before another replay can reuse
+that memory.
+
+What a replay relies on, each kept by the trainer: every input is a tensor whose storage never moves: the
+micro-batch (copied into the shape's buffers), the step's counts (`losses.Normaliser` as device scalars), the
+weights (the optimizer's master is copied into them in place), the gradient accumulators (the fp32 master's
+.grad, zeroed in place); and nothing inside syncs with the host (a recording fails on a sync).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .batching import MicroBatch
+from .losses import LossStats, Normaliser
+
+__all__ = ["MicroBatchGraphs", "CudaRecorder", "shape_key"]
+
+# run(micro_batch, normaliser, stats) -> the micro-batch's detached loss: forward, loss, backward, gradient moves
+Run = Callable[[MicroBatch, Normaliser, LossStats], torch.Tensor]
+Outputs = tuple[torch.Tensor, dict[str, Any]]
+
+
+def shape_key(mb: MicroBatch) -> tuple:
+    """What a recording is specific to: every tensor's shape and dtype, which optional tensors are present, and
+    the plain values the model reads (the longest piece). `real_tokens` is only counted outside."""
+    key: list[tuple] = []
+    for name, value in vars(mb).items():
+        if isinstance(value, torch.Tensor):
+            key.append((name, tuple(value.shape), value.dtype))
+        elif name != "real_tokens":
+            key.append((name, value))
+    return tuple(key)
+
+
+class CudaRecorder:
+    """Records a function into a CUDA graph (`torch.cuda.graph`); every recording shares one memory pool."""
+
+    def __init__(self) -> None:
+        self.pool: Any = None
+
+    def record(self, fn: Callable[[], Outputs]) -> Callable[[], Outputs]:
+        """`fn` recorded (not run); the returned replay runs it and gives the recording's own output tensors."""
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.pool):
+            outputs = fn()
+        if self.pool is None:
+            self.pool = graph.pool()
+
+        def replay() -> Outputs:
+            graph.replay()
+            return outputs
+
+        return replay
+
+
+class _Shape:
+    """One shape's static input buffers (on the device) and, once recorded, its replay."""
+
+    def __init__(self, mb: MicroBatch, device: str) -> None:
+        fields = vars(mb).items()
+        empty: dict[str, Any] = {
+            k: torch.empty_like(v, device=device) if isinstance(v, torch.Tensor) else v for k, v in fields
+        }
+        self.mb = MicroBatch(**empty)
+        self.counts = torch.ones(2, device=device)
+        self.norm = Normaliser(self.counts[0], self.counts[1])
+        self.runs = 0
+        self.replay: Callable[[], Outputs] | None = None
+
+    def load(self, mb: MicroBatch, norm: Normaliser) -> None:
+        """Copy `mb` (host tensors) and the step's counts into the buffers, queued behind the GPU's work."""
+        pin = self.counts.is_cuda
+        for name, value in vars(mb).items():
+            if isinstance(value, torch.Tensor):
+                getattr(self.mb, name).copy_(value.pin_memory() if pin else value, non_blocking=pin)
+        counts = torch.tensor([float(norm.num_sequences), float(norm.token_divisor)])
+        self.counts.copy_(counts.pin_memory() if pin else counts, non_blocking=pin)
+
+    def call(self, run: Run) -> Outputs:
+        stats = LossStats()
+        loss = run(self.mb, self.norm, stats)
+        return loss, stats.sums
+
+
+class MicroBatchGraphs:
+    """Trains one micro-batch by replaying its shape's recording (`__call__`), recording a shape on its second
+    micro-batch. If a recording fails, the trainer goes on without graphs (a warning says why)."""
+
+    def __init__(self, run: Run, device: str, recorder: Any = None, on_failure: Callable[[], None] | None = None):
+        self.run, self.device = run, device
+        self.recorder = recorder if recorder is not None else CudaRecorder()
+        self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
+        self.shapes: dict[tuple, _Shape] = {}
+        self.recorded = 0
+        self.replayed = 0
+        self.eager = 0
+        self.failed: str | None = None
+
+    def __call__(self, mb: MicroBatch, norm: Normaliser, stats: LossStats) -> torch.Tensor:
+        """Forward, loss and backward of host micro-batch `mb`; its loss (a device scalar), its stats added to
+        `stats`. The gradient lands where the eager step puts it."""
+        key = shape_key(mb)
+        shape = self.shapes.get(key)
+        if shape is None:
+            shape = self.shapes[key] = _Shape(mb, self.device)
+        shape.load(mb, norm)
+        if self.failed is None and shape.replay is None and shape.runs > 0:
+            try:
+                shape.replay = self.recorder.record(lambda: shape.call(self.run))
+                self.recorded += 1
+            except RuntimeError as exc:
+                self._fail(exc)
+        shape.runs += 1
+        if shape.replay is not None and self.failed is None:
+            loss, sums = shape.replay()
+            self.replayed += 1
+        else:
+            loss, sums = shape.call(self.run)
+            self.eager += 1
+        for name, value in sums.items():  # copied out of the pool before another replay may reuse it
+            stats.add(name, value)
+        return loss.clone()
+
+    def _fail(self, exc: RuntimeError) -> None:
+        self.failed = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        self.shapes.clear()
+        if self.on_failure is not None:
+            self.on_failure()
+        warnings.warn(
+            f"CUDA graphs turned off for this run: recording a micro-batch failed ({self.failed}); training goes "
+            "on without them (pass --no-cuda-graphs to skip the attempt)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
