@@ -14,11 +14,11 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 (Inductor's per-layer graph trees were tried in session 8 and were slower: their per-call bookkeeping stays on
 the host. This records the whole micro-batch, outside any compiled function.)
 
-A shape's life: the first micro-batch of a shape runs eagerly on the shape's buffers (it compiles and loads
-every kernel: nothing may initialise lazily inside a recording); the second is recorded (a recording runs
-nothing) and replayed; later ones are replayed. All recordings share one memory pool; a replay's outputs (the
-loss and the loss stats) are added into the step's own tensors right after it, before another replay can reuse
-that memory.
+A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
+initialise lazily inside a recording); after it, each shape is recorded the first time it comes (a recording
+runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
+replayed. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
+the step's own tensors right after it, before another replay can reuse that memory.
 
 What a replay relies on, each kept by the trainer: every input is a tensor whose storage never moves: the
 micro-batch (copied into the shape's buffers), the step's counts (`losses.Normaliser` as device scalars), the
@@ -57,16 +57,27 @@ def shape_key(mb: MicroBatch) -> tuple:
 
 
 class CudaRecorder:
-    """Records a function into a CUDA graph (`torch.cuda.graph`); every recording shares one memory pool."""
+    """Records a function into a CUDA graph on a side stream; every recording shares one memory pool.
+
+    Unlike `torch.cuda.graph`, a recording neither waits for the GPU nor empties the allocator's cache (it
+    runs nothing, so it needs neither): the GPU goes on with the replays queued before it while the host
+    records (a new shape costs the host about what an eager micro-batch does, and the GPU nothing)."""
 
     def __init__(self) -> None:
         self.pool: Any = None
+        self.stream: Any = None
 
     def record(self, fn: Callable[[], Outputs]) -> Callable[[], Outputs]:
         """`fn` recorded (not run); the returned replay runs it and gives the recording's own output tensors."""
+        if self.stream is None:
+            self.stream = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
-            outputs = fn()
+        with torch.cuda.stream(self.stream):
+            graph.capture_begin(pool=self.pool)
+            try:
+                outputs = fn()
+            finally:
+                graph.capture_end()
         if self.pool is None:
             self.pool = graph.pool()
 
@@ -88,8 +99,9 @@ class _Shape:
         self.mb = MicroBatch(**empty)
         self.counts = torch.ones(2, device=device)
         self.norm = Normaliser(self.counts[0], self.counts[1])
-        self.runs = 0
         self.replay: Callable[[], Outputs] | None = None
+        self.failures = 0  # recordings of this shape that failed
+        self.ran = False  # ran eagerly at least once
 
     def load(self, mb: MicroBatch, norm: Normaliser) -> None:
         """Copy `mb` (host tensors) and the step's counts into the buffers, queued behind the GPU's work."""
@@ -107,8 +119,14 @@ class _Shape:
 
 
 class MicroBatchGraphs:
-    """Trains one micro-batch by replaying its shape's recording (`__call__`), recording a shape on its second
-    micro-batch. If a recording fails, the trainer goes on without graphs (a warning says why)."""
+    """Trains one micro-batch by replaying its shape's recording (`__call__`).
+
+    The run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may initialise lazily
+    inside a recording); after it, a shape is recorded the first time it comes. A shape whose recording fails
+    runs eagerly once and is tried once more; after `MAX_FAILURES` failed recordings in a run the trainer goes
+    on without graphs (a warning says why). A failed recording runs nothing: no gradient is lost or doubled."""
+
+    MAX_FAILURES = 3
 
     def __init__(self, run: Run, device: str, recorder: Any = None, on_failure: Callable[[], None] | None = None):
         self.run, self.device = run, device
@@ -118,7 +136,8 @@ class MicroBatchGraphs:
         self.recorded = 0
         self.replayed = 0
         self.eager = 0
-        self.failed: str | None = None
+        self.failures = 0
+        self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
 
     def __call__(self, mb: MicroBatch, norm: Normaliser, stats: LossStats) -> torch.Tensor:
         """Forward, loss and backward of host micro-batch `mb`; its loss (a device scalar), its stats added to
@@ -128,31 +147,41 @@ class MicroBatchGraphs:
         if shape is None:
             shape = self.shapes[key] = _Shape(mb, self.device)
         shape.load(mb, norm)
-        if self.failed is None and shape.replay is None and shape.runs > 0:
+        if self._should_record(shape):
             try:
                 shape.replay = self.recorder.record(lambda: shape.call(self.run))
                 self.recorded += 1
             except RuntimeError as exc:
-                self._fail(exc)
-        shape.runs += 1
+                self._failed(shape, exc)
         if shape.replay is not None and self.failed is None:
             loss, sums = shape.replay()
             self.replayed += 1
         else:
             loss, sums = shape.call(self.run)
+            shape.ran = True
             self.eager += 1
         for name, value in sums.items():  # copied out of the pool before another replay may reuse it
             stats.add(name, value)
         return loss.clone()
 
-    def _fail(self, exc: RuntimeError) -> None:
-        self.failed = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        self.shapes.clear()
+    def _should_record(self, shape: _Shape) -> bool:
+        if self.failed is not None or shape.replay is not None or not self.eager:
+            return False
+        return shape.failures == 0 or (shape.failures == 1 and shape.ran)  # a retry once it ran eagerly
+
+    def _failed(self, shape: _Shape, exc: RuntimeError) -> None:
+        shape.failures += 1
+        self.failures += 1
         if self.on_failure is not None:
             self.on_failure()
+        if self.failures < self.MAX_FAILURES:
+            return
+        text = str(exc).strip()
+        self.failed = text.splitlines()[0] if text else type(exc).__name__
+        self.shapes.clear()
         warnings.warn(
-            f"CUDA graphs turned off for this run: recording a micro-batch failed ({self.failed}); training goes "
-            "on without them (pass --no-cuda-graphs to skip the attempt)",
+            f"CUDA graphs turned off for this run after {self.failures} failed recordings (the last: {self.failed}); "
+            "training goes on without them (pass --no-cuda-graphs to skip the attempt)",
             RuntimeWarning,
             stacklevel=3,
         )
