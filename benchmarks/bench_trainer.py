@@ -217,7 +217,9 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     graphs = trainer.graphs
     if graphs is not None:  # how the micro-batches ran: a row whose recordings failed must not pass for graphed
         result["graphs"] = f"{graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager"
-        result["graphs"] += f", FAILED: {graphs.failed}" if graphs.failed else ""
+        result["graphs"] += f", {graphs.failures} failed recordings" if graphs.failures else ""
+        result["graphs"] += f" ({sorted(set(graphs.errors))})" if graphs.errors else ""
+        result["graphs"] += f", OFF: {graphs.failed}" if graphs.failed else ""
         print(f"  CUDA graphs: {result['graphs']}", flush=True)
     return result
 

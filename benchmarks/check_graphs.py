@@ -42,6 +42,7 @@ def run(graphs: bool, cfg, state, batches, args) -> dict:
     if trainer.graphs is not None:
         g = trainer.graphs
         out["graphs"] = {"recorded": g.recorded, "replayed": g.replayed, "eager": g.eager, "failed": g.failed}
+        out["graphs"]["errors"] = sorted(set(g.errors))
     del trainer, model
     torch.cuda.empty_cache()
     return out

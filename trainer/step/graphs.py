@@ -72,12 +72,22 @@ class CudaRecorder:
         if self.stream is None:
             self.stream = torch.cuda.Stream()
         graph = torch.cuda.CUDAGraph()
+        error: RuntimeError | None = None
         with torch.cuda.stream(self.stream):
             graph.capture_begin(pool=self.pool)
             try:
                 outputs = fn()
-            finally:
+            except RuntimeError as exc:
+                error = exc
+            try:
                 graph.capture_end()
+            except RuntimeError as exc:  # the capture was invalidated (by `error`, if there was one)
+                error = error or exc
+        if error is not None:
+            # an invalidated capture can leave its pool registered for recording on its stream: the next
+            # recording gets a new stream and a new pool ("already recording to mempool_id" otherwise)
+            self.pool = self.stream = None
+            raise error
         if self.pool is None:
             self.pool = graph.pool()
 
@@ -123,10 +133,9 @@ class MicroBatchGraphs:
 
     The run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may initialise lazily
     inside a recording); after it, a shape is recorded the first time it comes. A shape whose recording fails
-    runs eagerly once and is tried once more; after `MAX_FAILURES` failed recordings in a run the trainer goes
-    on without graphs (a warning says why). A failed recording runs nothing: no gradient is lost or doubled."""
-
-    MAX_FAILURES = 3
+    runs eagerly (which initialises whatever it needed) and is recorded the next time it comes; if that fails
+    too, the trainer goes on without graphs (a warning says why). A failed recording runs nothing: no gradient
+    is lost or doubled."""
 
     def __init__(self, run: Run, device: str, recorder: Any = None, on_failure: Callable[[], None] | None = None):
         self.run, self.device = run, device
@@ -137,6 +146,7 @@ class MicroBatchGraphs:
         self.replayed = 0
         self.eager = 0
         self.failures = 0
+        self.errors: list[str] = []  # each failed recording's error, first line
         self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
 
     def __call__(self, mb: MicroBatch, norm: Normaliser, stats: LossStats) -> torch.Tensor:
@@ -172,16 +182,17 @@ class MicroBatchGraphs:
     def _failed(self, shape: _Shape, exc: RuntimeError) -> None:
         shape.failures += 1
         self.failures += 1
+        text = str(exc).strip()
+        self.errors.append(text.splitlines()[0] if text else type(exc).__name__)
         if self.on_failure is not None:
             self.on_failure()
-        if self.failures < self.MAX_FAILURES:
+        if shape.failures < 2:
             return
-        text = str(exc).strip()
-        self.failed = text.splitlines()[0] if text else type(exc).__name__
+        self.failed = self.errors[-1]
         self.shapes.clear()
         warnings.warn(
-            f"CUDA graphs turned off for this run after {self.failures} failed recordings (the last: {self.failed}); "
-            "training goes on without them (pass --no-cuda-graphs to skip the attempt)",
+            f"CUDA graphs turned off for this run: a micro-batch shape failed to record after running eagerly "
+            f"({self.failed}); training goes on without them (pass --no-cuda-graphs to skip the attempt)",
             RuntimeWarning,
             stacklevel=3,
         )
