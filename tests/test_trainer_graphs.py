@@ -36,12 +36,12 @@ class KeepingRecorder:
 
 def test_bucket_sizes_are_few_and_close_above():
     assert [bucket(n) for n in (1, 128, 129, 1024, 1025, 2300, 15000, 16384)] == [
-        128, 128, 256, 1024, 1152, 2304, 15360, 16384,
+        128, 128, 256, 1024, 1280, 2560, 16384, 16384,
     ]  # fmt: skip
     sizes = {bucket(n) for n in range(1, 16385)}
-    assert len(sizes) == 8 + 8 * 4  # 128..1024, then 8 an octave
+    assert len(sizes) == 8 + 4 * 4  # 128..1024, then 4 an octave
     assert all(n <= bucket(n) < n + 128 for n in range(1, 1025))
-    assert all(n <= bucket(n) <= n * 1.125 for n in range(1025, 16385))
+    assert all(n <= bucket(n) <= n * 1.25 for n in range(1025, 16385))
 
 
 def long_groups() -> list[ScoredGroup]:
