@@ -17,14 +17,13 @@ from atropos_cli.trainer.step.batching import (
     Deferred,
     StaticShape,
     bucket,
-    narrow_warmups,
+    bucket_templates,
     prepare,
     static_micro_batch,
     static_rows,
 )
 from atropos_cli.trainer.step.graphs import MicroBatchGraphs, shape_key
 from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
-from atropos_cli.trainer.step.losses import LossStats, Normaliser
 from atropos_cli.types import ScoredGroup
 from test_trainer_packing import VOCAB, tiny_qwen
 
@@ -99,8 +98,8 @@ def test_bucketed_micro_batches_have_few_shapes_and_pad_into_an_empty_slot():
 
 
 def test_narrow_shapes_are_known_before_their_rows_come():
-    """Every width a narrow row can have is listed, and its zero-weight micro-batch has exactly the shapes a real
-    narrow row of that width gets (what graphs.py runs and records ahead)."""
+    """Every width a narrow row can have is listed, and a real narrow row has exactly its template's shapes
+    (what graphs.py records ahead)."""
     for budget in (512, 16384, 12000):
         shape = StaticShape.for_budget(budget, 1025, bucketed=True)
         limit = shape.width // 2  # a narrow row: its bucket width at most half the budget
@@ -110,10 +109,9 @@ def test_narrow_shapes_are_known_before_their_rows_come():
     for row in ([min(samples, key=lambda s: len(s.tokens))], sorted(samples, key=lambda s: len(s.tokens))[:3]):
         mb = static_micro_batch(row, shape)
         assert mb.input_ids.shape[1] in shape.narrow_widths()
-        warm = {w.input_ids.shape[1]: w for w in narrow_warmups(mb, shape)}
-        assert shape_key(warm[mb.input_ids.shape[1]]) == shape_key(mb)
-        assert all(float(w.advantages.abs().sum()) == 0 and w.teacher_mask is None for w in warm.values())
-    assert len({shape_key(w) for w in warm.values()}) == len(shape.narrow_widths())
+        templates = {t.input_ids.shape[1]: t for t in bucket_templates(mb, shape)}
+        assert shape_key(templates[mb.input_ids.shape[1]]) == shape_key(mb)
+    assert len({shape_key(t) for t in templates.values()}) == len(shape.narrow_widths())
 
 
 def _trainer(graphs: bool, recorder=None, dtype: str = "fp32", ahead: bool = True) -> GRPOTrainer:
@@ -125,7 +123,7 @@ def _trainer(graphs: bool, recorder=None, dtype: str = "fp32", ahead: bool = Tru
     if graphs:
         trainer.static_shape = dataclasses.replace(trainer.static_shape, exact=True, bucketed=True)
         undo = trainer.precision.discard_pending
-        record_ahead = functools.partial(narrow_warmups, shape=trainer.static_shape) if ahead else None
+        record_ahead = functools.partial(bucket_templates, shape=trainer.static_shape) if ahead else None
         trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder, undo, record_ahead)
     return trainer
 
@@ -157,7 +155,6 @@ def test_graphed_steps_train_like_eager_ones(dtype):
     ahead = graphed.static_shape.narrow_widths()
     assert ahead == [128, 256] and len(graphs.shapes) > len(ahead)
     assert (graphs.eager, graphs.recorded, recorder.recordings) == (1, len(graphs.shapes), len(graphs.shapes))
-    assert graphs.warmups == len(ahead)  # their zero-weight runs changed nothing (the weights match eager's)
     assert graphs.replayed == 3 * rows - 1
 
 
@@ -193,16 +190,3 @@ def test_cuda_graphs_asked_for_where_they_cannot_run_is_a_config_error():
     with pytest.raises(ConfigError, match="--cuda-graphs needs a CUDA device"):
         GRPOTrainer(config, model=tiny_qwen())
     assert GRPOTrainer(GRPOConfig(out="unused", max_len=32), model=tiny_qwen()).graphs is None  # auto: off
-
-
-@pytest.mark.parametrize("dtype", ["fp32", "bf16-pure"])
-def test_a_narrow_warmup_adds_exactly_nothing_to_the_gradient(dtype):
-    trainer = _trainer(True, KeepingRecorder(), dtype=dtype)
-    samples = prepare(long_groups(), scale_rewards=True, dynamic_sampling=False, max_len=320).samples
-    first = static_micro_batch([samples[0]], trainer.static_shape)
-    for warm in narrow_warmups(first, trainer.static_shape):
-        stats = LossStats()
-        loss = trainer._train_micro_batch(warm, Normaliser(1, 1), stats)
-        assert float(loss) == 0.0 and float(stats.sums["tokens"]) == warm.input_ids.shape[1]
-    grads = trainer.precision.master or trainer.precision.params
-    assert all(g.grad is None or not bool(g.grad.any()) for g in grads)

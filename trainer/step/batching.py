@@ -40,7 +40,7 @@ __all__ = [
     "Deferred",
     "StaticShape",
     "bucket",
-    "narrow_warmups",
+    "bucket_templates",
 ]
 
 MASKED = -100
@@ -211,6 +211,9 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None = None
     max_doc_len: int = 0
     real_tokens: int = 0  # model tokens that are not filler
+
+    ROW_FIELDS = ("input_ids", "attention_mask", "targets", "position_ids")  # [R, L], the model's layout
+    TRAINED_FIELDS = ("select", "place", "inv_temperature")  # [n], one entry a trained position
 
     @property
     def packed(self) -> bool:
@@ -476,28 +479,26 @@ def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     return mb
 
 
-def narrow_warmups(mb: MicroBatch, shape: StaticShape) -> list[MicroBatch]:
-    """One micro-batch for each narrow width (`StaticShape.narrow_widths`), with `mb`'s optional fields, whose loss
-    and gradient are exactly zero: samples of token 0, every advantage 0, no teacher log-prob. What graphs.py runs
-    once and records before any such row comes (each has the shapes a real row of its width gets)."""
-    unit = mb.inv_temperature is None
-    out = []
+def bucket_templates(mb: MicroBatch, shape: StaticShape) -> list[MicroBatch]:
+    """Host micro-batches of empty tensors, one for each narrow width (`StaticShape.narrow_widths`), with `mb`'s
+    fields (which optional tensors it has) and the shapes a bucketed row of that width gets: what graphs.py
+    records before such a row comes (a recording reads no values)."""
+    templates = []
     for width in shape.narrow_widths():
-        piece = min(width, shape.max_doc_len)
-        lengths = [piece] * (width // piece) + ([width % piece] if width % piece else [])
-        row = [
-            Sample(
-                tokens=[0] * (n + 1),
-                trained=[True] * n,
-                advantages=[0.0] * n,
-                temperature=1.0 if unit else 0.5,
-                inference_logprobs=[0.0] * n if mb.inference_logp is not None else None,
-                teacher_logprobs=[math.nan] * n if mb.teacher_logp is not None else None,
-            )
-            for n in lengths
-        ]
-        out.append(static_micro_batch(row, shape))
-    return out
+        fields: dict[str, Any] = {}
+        for name, value in vars(mb).items():
+            if not isinstance(value, torch.Tensor):
+                fields[name] = value
+                continue
+            if name in MicroBatch.ROW_FIELDS:
+                size: tuple[int, ...] = (1, width)
+            elif name in MicroBatch.TRAINED_FIELDS:
+                size = (shape.trained_count(width, width),)
+            else:
+                size = tuple(value.shape)
+            fields[name] = torch.empty(size, dtype=value.dtype)
+        templates.append(MicroBatch(**fields))
+    return templates
 
 
 def _pad_trained(mb: MicroBatch, count: int, shape: StaticShape) -> None:

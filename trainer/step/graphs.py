@@ -15,9 +15,9 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); right after it every narrow row's shape (a step's last row; its width
-fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it needs) and
-is recorded; any other shape is recorded the first time it comes (a recording
+initialise lazily inside a recording); right after it every narrow row's shape is recorded ahead (a step's last
+row; its width fixes its shape, `batching.StaticShape.trained_count`); any other shape is recorded the first time
+it comes (a recording
 runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
 replayed. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
 the step's own tensors right after it, before another replay can reuse that memory.
@@ -149,8 +149,8 @@ class MicroBatchGraphs:
         ahead: Callable[[MicroBatch], list[MicroBatch]] | None = None,
     ):
         self.run, self.device = run, device
-        # the shapes to run once and record right after the run's first micro-batch (`batching.narrow_warmups`:
-        # every narrow width), so a step's last, narrow row is a replay from the first steps on
+        # the shapes to record right after the run's first micro-batch (`batching.bucket_templates`: every narrow
+        # width), so a step's last, narrow row is a replay from the first steps on
         self.ahead = ahead
         self.recorder = recorder if recorder is not None else CudaRecorder()
         self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
@@ -158,7 +158,6 @@ class MicroBatchGraphs:
         self.recorded = 0
         self.replayed = 0
         self.eager = 0
-        self.warmups = 0  # zero-weight eager runs of the shapes recorded ahead
         self.failures = 0
         self.errors: list[str] = []  # each failed recording's error, first line
         self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
@@ -192,21 +191,13 @@ class MicroBatchGraphs:
         return loss
 
     def _record_ahead(self, mb: MicroBatch) -> None:
-        """Run once and record the shapes `ahead` gives for `mb`'s kind of micro-batch (zero-weight micro-batches:
-        they add exactly nothing to the gradient) before any such micro-batch comes. The eager run compiles what
-        the shape needs: a narrow row can make the compiled layers recompile, and a compile cannot happen inside
-        a recording (it syncs with the host; H100: every narrow shape recorded without it failed that way)."""
+        """Record the shapes `ahead` gives for `mb`'s kind of micro-batch before any such micro-batch comes."""
         assert self.ahead is not None
-        unit = Normaliser(1, 1)
-        for warm in self.ahead(mb):
-            key = shape_key(warm)
+        for template in self.ahead(mb):
+            key = shape_key(template)
             if key in self.shapes or self.failed is not None:
                 continue
-            shape = self.shapes[key] = _Shape(warm, self.device)
-            shape.load(warm, unit)
-            shape.call(self.run)  # its loss and stats are dropped; its gradient is zero
-            shape.ran = True
-            self.warmups += 1
+            shape = self.shapes[key] = _Shape(template, self.device)
             try:
                 shape.replay = self.recorder.record(functools.partial(shape.call, self.run))
                 self.recorded += 1
