@@ -6,23 +6,14 @@ benchmarks/device/graphs_check.py."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
 
 from atropos_cli.errors import ConfigError
 from atropos_cli.trainer.step.attention import use_varlen
-from atropos_cli.trainer.step.batching import (
-    Deferred,
-    StaticShape,
-    bucket,
-    bucket_templates,
-    prepare,
-    static_micro_batch,
-    static_rows,
-)
-from atropos_cli.trainer.step.graphs import MicroBatchGraphs, shape_key
+from atropos_cli.trainer.step.batching import Deferred, StaticShape, bucket, prepare, static_rows
+from atropos_cli.trainer.step.graphs import MicroBatchGraphs
 from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 from atropos_cli.types import ScoredGroup
 from test_trainer_packing import VOCAB, tiny_qwen
@@ -84,11 +75,10 @@ def test_bucketed_micro_batches_have_few_shapes_and_pad_into_an_empty_slot():
         assert mb.loss_mask.shape == mb.advantages.shape == mb.inference_logp.shape == (slots, span)
         rows, cols = ref.loss_mask.shape
         assert torch.equal(mb.loss_mask[:rows, :cols], ref.loss_mask) and float(mb.loss_mask[rows:].sum()) == 0
-        trained, count = len(ref.select), shape.trained_count(bucket(n), len(ref.select))
-        assert len(mb.select) == len(mb.place) == count
-        assert count == (bucket(n) if bucket(n) <= shape.width // 2 else bucket(trained))  # narrow rows: all positions
+        trained = len(ref.select)
+        assert len(mb.select) == len(mb.place) == bucket(trained)
         # padding reads position 0 and lands in the last slot, which holds no sample
-        assert torch.equal(mb.place[trained:], torch.full((count - trained,), (slots - 1) * span))
+        assert torch.equal(mb.place[trained:], torch.full((bucket(trained) - trained,), (slots - 1) * span))
         assert int(mb.select[trained:].abs().sum()) == 0
         if ref.inv_temperature is not None:
             assert torch.equal(mb.inv_temperature[:trained], ref.inv_temperature)
@@ -97,24 +87,7 @@ def test_bucketed_micro_batches_have_few_shapes_and_pad_into_an_empty_slot():
             assert mb.inv_temperature is None
 
 
-def test_narrow_shapes_are_known_before_their_rows_come():
-    """Every width a narrow row can have is listed, and a real narrow row has exactly its template's shapes
-    (what graphs.py records ahead)."""
-    for budget in (512, 16384, 12000):
-        shape = StaticShape.for_budget(budget, 1025, bucketed=True)
-        limit = shape.width // 2  # a narrow row: its bucket width at most half the budget
-        assert shape.narrow_widths() == sorted({bucket(n) for n in range(1, limit + 1) if bucket(n) <= limit})
-    shape = StaticShape.for_budget(512, 320, bucketed=True)
-    samples = prepare(long_groups(), scale_rewards=True, dynamic_sampling=False, max_len=320).samples
-    for row in ([min(samples, key=lambda s: len(s.tokens))], sorted(samples, key=lambda s: len(s.tokens))[:3]):
-        mb = static_micro_batch(row, shape)
-        assert mb.input_ids.shape[1] in shape.narrow_widths()
-        templates = {t.input_ids.shape[1]: t for t in bucket_templates(mb, shape)}
-        assert shape_key(templates[mb.input_ids.shape[1]]) == shape_key(mb)
-    assert len({shape_key(t) for t in templates.values()}) == len(shape.narrow_widths())
-
-
-def _trainer(graphs: bool, recorder=None, dtype: str = "fp32", ahead: bool = True) -> GRPOTrainer:
+def _trainer(graphs: bool, recorder=None, dtype: str = "fp32") -> GRPOTrainer:
     model = tiny_qwen()
     config = GRPOConfig(out="unused", micro_batch_tokens=512, max_len=320, lr=1e-3, dtype=dtype, seed=0)
     trainer = GRPOTrainer(config, model=model)
@@ -123,8 +96,7 @@ def _trainer(graphs: bool, recorder=None, dtype: str = "fp32", ahead: bool = Tru
     if graphs:
         trainer.static_shape = dataclasses.replace(trainer.static_shape, exact=True, bucketed=True)
         undo = trainer.precision.discard_pending
-        record_ahead = functools.partial(bucket_templates, shape=trainer.static_shape) if ahead else None
-        trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder, undo, record_ahead)
+        trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder=recorder, on_failure=undo)
     return trainer
 
 
@@ -149,27 +121,20 @@ def test_graphed_steps_train_like_eager_ones(dtype):
         assert torch.allclose(p.float(), q.float(), atol=tol, rtol=tol)
     graphs = graphed.graphs
     assert graphs is not None and graphs.failed is None
-    rows = len(graphed._micro_batches(prepare(long_groups(), True, False, 320).samples))
-    # the run's first micro-batch runs eagerly; the narrow shapes are recorded right after it, any other when it
-    # first comes; then each is replayed
-    ahead = graphed.static_shape.narrow_widths()
-    assert ahead == [128, 256] and len(graphs.shapes) > len(ahead)
-    assert (graphs.eager, graphs.recorded, recorder.recordings) == (1, len(graphs.shapes), len(graphs.shapes))
-    assert graphs.replayed == 3 * rows - 1
+    shapes, rows = len(graphs.shapes), len(graphed._micro_batches(prepare(long_groups(), True, False, 320).samples))
+    assert rows > shapes > 1  # several shapes, one recurring inside a step
+    # the run's first micro-batch runs eagerly; every shape is recorded when it first comes, then replayed
+    assert (graphs.eager, graphs.recorded, recorder.recordings, graphs.replayed) == (1, shapes, shapes, 3 * rows - 1)
 
 
-@pytest.mark.parametrize("ahead", [False, True])
-def test_a_failed_recording_runs_eagerly_and_is_tried_again(ahead):
-    eager, graphed = _trainer(False), _trainer(True, KeepingRecorder(fail=1), ahead=ahead)
+def test_a_failed_recording_runs_eagerly_and_is_tried_again():
+    eager, graphed = _trainer(False), _trainer(True, KeepingRecorder(fail=1))
     for a, b in zip(_train(eager), _train(graphed), strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
     graphs = graphed.graphs
     assert graphs is not None and graphs.failed is None and graphs.failures == 1
-    if ahead:  # the first shape recorded ahead failed: it runs eagerly if its row comes, and is tried again then
-        assert graphs.recorded == len(graphs.shapes) - 1 + graphs.eager - 1
-    else:
-        assert graphs.recorded == len(graphs.shapes) and graphs.eager == 2  # the first micro-batch, the failed one
+    assert graphs.recorded == len(graphs.shapes) and graphs.eager == 2  # the first micro-batch, the failed one
 
 
 def test_recordings_that_keep_failing_turn_graphs_off_and_lose_nothing():

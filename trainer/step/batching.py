@@ -40,7 +40,6 @@ __all__ = [
     "Deferred",
     "StaticShape",
     "bucket",
-    "bucket_templates",
 ]
 
 MASKED = -100
@@ -211,9 +210,6 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None = None
     max_doc_len: int = 0
     real_tokens: int = 0  # model tokens that are not filler
-
-    ROW_FIELDS = ("input_ids", "attention_mask", "targets", "position_ids")  # [R, L], the model's layout
-    TRAINED_FIELDS = ("select", "place", "inv_temperature")  # [n], one entry a trained position
 
     @property
     def packed(self) -> bool:
@@ -418,21 +414,6 @@ class StaticShape:
             return min(bucket(tokens), self.width)
         return tokens if self.exact else self.width
 
-    def trained_count(self, width: int, trained: int) -> int:
-        """Bucketed: the trained positions a row of `width` is padded to. A narrow row (at most half the budget,
-        a step's last) takes all its positions: one shape a width, so every narrow shape can be recorded before
-        it comes (`narrow_widths`); its LM head's extra rows cost ~1% of a mixed step. A wide row takes the
-        bucket of its trained count (its prompt positions would cost more)."""
-        return width if width <= self.width // 2 else min(bucket(trained), width)
-
-    def narrow_widths(self) -> list[int]:
-        """Every `bucket` size a narrow row can have (at most half the budget), ascending."""
-        limit, sizes, n = self.width // 2, list(range(128, 1025, 128)), 1024
-        while n < limit:
-            sizes += [n + n // 4 * i for i in range(1, 5)]
-            n *= 2
-        return [size for size in sizes if size <= limit]
-
     @property
     def loss_layout(self) -> tuple[int, int] | None:
         """Bucketed: the fixed (slots, span) of the loss layout; its last slot holds no sample (padding lands
@@ -475,30 +456,8 @@ def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     mb.attention_mask.fill_(1)
     mb.cu_seqlens, mb.max_doc_len, mb.padded = cu, shape.max_doc_len, False
     if shape.bucketed:
-        _pad_trained(mb, shape.trained_count(width, len(mb.select)), shape)
+        _pad_trained(mb, min(bucket(len(mb.select)), width), shape)
     return mb
-
-
-def bucket_templates(mb: MicroBatch, shape: StaticShape) -> list[MicroBatch]:
-    """Host micro-batches of empty tensors, one for each narrow width (`StaticShape.narrow_widths`), with `mb`'s
-    fields (which optional tensors it has) and the shapes a bucketed row of that width gets: what graphs.py
-    records before such a row comes (a recording reads no values)."""
-    templates = []
-    for width in shape.narrow_widths():
-        fields: dict[str, Any] = {}
-        for name, value in vars(mb).items():
-            if not isinstance(value, torch.Tensor):
-                fields[name] = value
-                continue
-            if name in MicroBatch.ROW_FIELDS:
-                size: tuple[int, ...] = (1, width)
-            elif name in MicroBatch.TRAINED_FIELDS:
-                size = (shape.trained_count(width, width),)
-            else:
-                size = tuple(value.shape)
-            fields[name] = torch.empty(size, dtype=value.dtype)
-        templates.append(MicroBatch(**fields))
-    return templates
 
 
 def _pad_trained(mb: MicroBatch, count: int, shape: StaticShape) -> None:

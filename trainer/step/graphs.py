@@ -15,9 +15,7 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); right after it every narrow row's shape is recorded ahead (a step's last
-row; its width fixes its shape, `batching.StaticShape.trained_count`); any other shape is recorded the first time
-it comes (a recording
+initialise lazily inside a recording); after it, each shape is recorded the first time it comes (a recording
 runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
 replayed. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
 the step's own tensors right after it, before another replay can reuse that memory.
@@ -30,7 +28,6 @@ weights (the optimizer's master is copied into them in place), the gradient accu
 
 from __future__ import annotations
 
-import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -140,18 +137,8 @@ class MicroBatchGraphs:
     too, the trainer goes on without graphs (a warning says why). A failed recording runs nothing: no gradient
     is lost or doubled."""
 
-    def __init__(
-        self,
-        run: Run,
-        device: str,
-        recorder: Any = None,
-        on_failure: Callable[[], None] | None = None,
-        ahead: Callable[[MicroBatch], list[MicroBatch]] | None = None,
-    ):
+    def __init__(self, run: Run, device: str, recorder: Any = None, on_failure: Callable[[], None] | None = None):
         self.run, self.device = run, device
-        # the shapes to record right after the run's first micro-batch (`batching.bucket_templates`: every narrow
-        # width), so a step's last, narrow row is a replay from the first steps on
-        self.ahead = ahead
         self.recorder = recorder if recorder is not None else CudaRecorder()
         self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
         self.shapes: dict[tuple, _Shape] = {}
@@ -172,7 +159,7 @@ class MicroBatchGraphs:
         shape.load(mb, norm)
         if self._should_record(shape):
             try:
-                shape.replay = self.recorder.record(functools.partial(shape.call, self.run))
+                shape.replay = self.recorder.record(lambda: shape.call(self.run))
                 self.recorded += 1
             except RuntimeError as exc:
                 self._failed(shape, exc)
@@ -185,24 +172,7 @@ class MicroBatchGraphs:
             self.eager += 1
         for name, value in sums.items():  # copied out of the pool before another replay may reuse it
             stats.add(name, value)
-        loss = loss.clone()
-        if self.eager == 1 and self.ahead is not None and not self.recorded:  # right after the first micro-batch
-            self._record_ahead(mb)
-        return loss
-
-    def _record_ahead(self, mb: MicroBatch) -> None:
-        """Record the shapes `ahead` gives for `mb`'s kind of micro-batch before any such micro-batch comes."""
-        assert self.ahead is not None
-        for template in self.ahead(mb):
-            key = shape_key(template)
-            if key in self.shapes or self.failed is not None:
-                continue
-            shape = self.shapes[key] = _Shape(template, self.device)
-            try:
-                shape.replay = self.recorder.record(functools.partial(shape.call, self.run))
-                self.recorded += 1
-            except RuntimeError as exc:
-                self._failed(shape, exc)
+        return loss.clone()
 
     def _should_record(self, shape: _Shape) -> bool:
         if self.failed is not None or shape.replay is not None or not self.eager:

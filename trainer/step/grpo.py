@@ -36,7 +36,7 @@ from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
-from .batching import Deferred, Sample, StaticShape, bucket_templates, micro_batches, prepare, static_rows
+from .batching import Deferred, Sample, StaticShape, micro_batches, prepare, static_rows
 from .graphs import MicroBatchGraphs
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
@@ -217,9 +217,8 @@ class GRPOTrainer:
         fits = gpu is not None and 2 * self.micro_batch_tokens * per_token + held <= 0.8 * gpu
         if not refused and (config.cuda_graphs or (config.cuda_graphs is None and fits)):
             self.static_shape = dataclasses.replace(self.static_shape, exact=True, bucketed=True)
-            undo, shape = self.precision.discard_pending, self.static_shape
-            ahead = functools.partial(bucket_templates, shape=shape)
-            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, on_failure=undo, ahead=ahead)
+            undo = self.precision.discard_pending
+            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, on_failure=undo)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
 
