@@ -119,3 +119,12 @@ def test_packed_training_from_files(tiny_model: Path, tmp_path: Path):
     assert config["pack"] is True and config["micro_batch_tokens"] == 64
     metrics = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["padded_tokens"] == 16 * 7  # 16 rollouts of 8 tokens (7 model positions each), no padding
+
+
+def test_cuda_graphs_where_they_cannot_run_is_a_one_line_error(tiny_model: Path, tmp_path: Path):
+    data = _rollouts(tmp_path / "r.jsonl")
+    args = ["train", "--data", str(data), "--model", str(tiny_model), "--out", str(tmp_path / "o"), "--cuda-graphs"]
+    result = runner.invoke(app, [*args, "--steps", "1"])
+    assert result.exit_code == 2, result.output
+    assert "--cuda-graphs needs a CUDA device" in result.output and "drop --cuda-graphs" in result.output
+    assert "Traceback" not in result.output
