@@ -10,14 +10,16 @@ the loss layout fixed).
 Why: on an H100 a mixed-length step of the 0.5B model was host-bound (benchmarks/results/trainer_gpu.md):
 ~9k kernel launches a step through 24 compiled layers, forward and backward, each call costing the host its
 guards, its autograd wrapper and inductor's Python launches; the GPU idled ~30% of the step. A replay is one
-launch: the host queues a whole micro-batch in microseconds and runs ahead, so the GPU is never left waiting.
+launch: the host queues a whole micro-batch in microseconds and runs ahead, so the step becomes GPU-bound.
 (Inductor's per-layer graph trees were tried in session 8 and were slower: their per-call bookkeeping stays on
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
 initialise lazily inside a recording); after it, each shape is recorded the first time it comes (a recording
 runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
-replayed. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
+replayed. A shape whose first run needs a compile cannot be recorded (a compile syncs with the host; on an H100
+a row of 128-256 tokens makes the compiled layers recompile once): it runs eagerly and is recorded the next time
+it comes. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
 the step's own tensors right after it, before another replay can reuse that memory.
 
 What a replay relies on, each kept by the trainer: every input is a tensor whose storage never moves: the
