@@ -97,6 +97,7 @@ def worker(args) -> None:
         lora_r=args.lora_r,
         grad_sync=args.grad_sync,
         compile=False if args.no_compile else None,
+        cuda_graphs=False if args.no_cuda_graphs else None,
         parallel=args.parallel,
     )
     trainer = GRPOTrainer(config, model=model, dist=dist)
@@ -318,7 +319,8 @@ def row_shape(spec: str, plain_shape: str) -> str:
 
 def run_row(spec: str, args) -> dict:
     """One row: 'plain[:SHAPE]' or 'SHAPE:N[:lora16][:gc][:micro][:fsdp|:replicate][:detail][:numa]' (either
-    with [:mbtN][:prof][:nocompile][:exp]: exp = the allocator's expandable segments) -> its measurements (or
+    with [:mbtN][:prof][:nocompile][:nographs][:exp]: exp = the allocator's expandable segments; nographs = the
+    eager step, the one-process default before CUDA graphs, which many ranks still run) -> its measurements (or
     the failure)."""
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
@@ -347,6 +349,8 @@ def run_row(spec: str, args) -> dict:
             extra += ["--near-gpu"]
         elif flag == "nocompile":
             extra += ["--no-compile"]
+        elif flag == "nographs":
+            extra += ["--no-cuda-graphs"]
         elif flag == "exp":
             alloc_conf = "expandable_segments:True"
         elif flag in ("fsdp", "replicate"):
@@ -409,6 +413,7 @@ def main() -> None:
     parser.add_argument("--gc", action="store_true")
     parser.add_argument("--grad-sync", default="step")
     parser.add_argument("--no-compile", action="store_true")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="worker: the eager step (row flag :nographs)")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
     parser.add_argument("--detail", action="store_true", help="worker: per-rank, per-step costs (row flag :detail)")
     parser.add_argument("--near-gpu", action="store_true", help="worker: bind to the GPU's NUMA node (row flag :numa)")

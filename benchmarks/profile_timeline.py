@@ -164,6 +164,7 @@ def main() -> None:
     config = GRPOConfig(
         out="/tmp/prof", dtype=v["dtype"], device=device, micro_batch_tokens=v["micro"],
         gradient_checkpointing=v["ckpt"], compile=v["compile"], pack=v["pack"], lr=1e-6, max_len=1025,
+        cuda_graphs=False if "g" in v["knobs"] else None,
     )  # fmt: skip
     trainer = GRPOTrainer(config, model=fresh_model(cfg, device))
     annotate(trainer)
