@@ -165,7 +165,7 @@ class MicroBatchGraphs:
                 self.recorded += 1
             except RuntimeError as exc:
                 self._failed(shape, exc)
-        if shape.replay is not None and self.failed is None:
+        if shape.replay is not None:
             loss, sums = shape.replay()
             self.replayed += 1
         else:

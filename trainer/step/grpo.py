@@ -20,7 +20,6 @@ API, the in-process env workers), step, write metrics, sync weights to the infer
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -216,7 +215,7 @@ class GRPOTrainer:
         # recordings' memory pool)
         fits = gpu is not None and 2 * self.micro_batch_tokens * per_token + held <= 0.8 * gpu
         if not refused and (config.cuda_graphs or (config.cuda_graphs is None and fits)):
-            self.static_shape = dataclasses.replace(self.static_shape, exact=True, bucketed=True)
+            self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, bucketed=True)
             undo = self.precision.discard_pending
             self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, on_failure=undo)
         self.step_count = 0

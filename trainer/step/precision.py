@@ -121,9 +121,7 @@ class Precision:
         midway: it ran nothing, so the accumulators are as before it)."""
         if self.master is None:  # fp32 / bf16: .grad is the accumulator itself, untouched by a recording
             return
-        self._bucket.sinks.clear()
-        self._bucket.grads.clear()
-        self._bucket.masters.clear()
+        self._bucket.clear()
         for p in self.params:  # bf16-pure: a bf16 .grad only ever waits to be moved
             p.grad = None
 
@@ -204,8 +202,12 @@ class _Bucket:
             torch._foreach_add_(self.sinks, upcast)
             if self.reducer is not None:
                 self.reducer.ready(self.masters)
-            self.sinks.clear()
-            self.grads.clear()
+        self.clear()
+
+    def clear(self) -> None:
+        """Hold nothing (after a flush, or to drop gradients that will never be moved)."""
+        self.sinks.clear()
+        self.grads.clear()
         self.masters.clear()
 
 
