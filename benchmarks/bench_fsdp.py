@@ -74,7 +74,9 @@ def worker(args) -> None:
     from atropos_cli.trainer.scale.distributed import init_from_env, world_from_env
     from atropos_cli.trainer.step.grpo import GRPOTrainer
 
-    knobs = set(filter(None, args.knobs.split("+")))  # r: layers keep their gathered weights at any size
+    # r: layers keep their gathered weights at any size; o: replicas with CUDA graphs start their gradient sum
+    # after the step's last replay (not behind its marks)
+    knobs = set(filter(None, args.knobs.split("+")))
     fsdp.RESHARD_LAYERS = False if "r" in knobs else None
     rank, world = world_from_env()
     dist = init_from_env(args.device, 1800) if not args.plain else None
@@ -101,6 +103,8 @@ def worker(args) -> None:
         parallel=args.parallel,
     )
     trainer = GRPOTrainer(config, model=model, dist=dist)
+    if "o" in knobs and trainer.graphs is not None:
+        trainer.graphs.reducer = None
     seqs = args.seqs * world
     batches = [
         make_groups(seqs, args.seq_len, 8, cfg.vocab_size, seed=s, min_len=args.min_len)
@@ -152,6 +156,9 @@ def worker(args) -> None:
         if cuda else (float("nan"), float("nan"), 0)
     )  # fmt: skip
     peaks, reserved_all, retries_all = zip(*(dist.gather(memory) if dist is not None else [memory]), strict=True)
+    g = trainer.graphs  # micro-batches recorded / replayed / run eagerly, failed recordings: over the whole run
+    mine = (g.recorded, g.replayed, g.eager, g.failures) if g is not None else (0, 0, 0, 0)
+    counts = [sum(c) for c in zip(*(dist.gather(mine) if dist is not None else [mine]), strict=True)]
     if rank == 0:
         per_gpu = tokens / elapsed / world
         row = {
@@ -164,6 +171,7 @@ def worker(args) -> None:
             "s_per_step": elapsed / len(timed),
             "warmup_s": first,
             "recompiles": recompiles,
+            "graphs": "/".join(map(str, counts)) if g is not None else "off",
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
             "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
@@ -436,8 +444,8 @@ def main() -> None:
         f"{args.steps} timed steps after {args.warmup} warm-up steps; random weights",
         "",
         "| row | GPUs | how (parallel, micro-batch) | params (B) | tokens/s per GPU | weak-scaling eff. | MFU "
-        "| peak GiB/GPU (allocator) | s/step | warm-up s | recompiles |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak GiB/GPU (allocator) | s/step | warm-up s | recompiles | graphs rec/replay/eager/fail |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     print("\n".join(lines), flush=True)
     base: dict[str, float] = {}  # shape -> its one-process row's tokens/s (weak scaling is against it)
@@ -460,7 +468,7 @@ def main() -> None:
                 f"| {eff} "
                 f"| {r['mfu']:.1%} | {r['peak_gib']:.1f} ({r['reserved_gib']:.1f} reserved, "
                 f"{r['alloc_retries']} retries) | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} "
-                f"| {r.get('recompiles', '')} |"
+                f"| {r.get('recompiles', '')} | {r.get('graphs', '')} |"
             )
         lines.append(line)
         print(line, flush=True)

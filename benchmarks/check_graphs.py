@@ -6,7 +6,12 @@ atomics), and with CUDA graphs. Per step: loss, gradient norm and the loss stats
 each run's weight update is from the first eager run's, relative to that update. Exits 1 if a recording failed
 or the graphed update is off by more than 3x the noise floor (+1e-3).
 
+Under torchrun every rank is a replica (`--parallel replicate`, each its share of a batch of SEQS x ranks): the
+graphed run's gradient sums start behind the marks its recordings put in the graph (`replicate.OverlappedSum`);
+a sum started too early would add partial gradients, far off the noise floor. Rank 0 prints.
+
     python benchmarks/check_graphs.py --steps 6
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/check_graphs.py --steps 6
 """
 
 from __future__ import annotations
@@ -22,13 +27,16 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_trainer import fresh_model, make_groups, qwen_config  # noqa: E402
 
 
-def run(graphs: bool, cfg, state, batches, args) -> dict:
+def run(graphs: bool, cfg, state, batches, args, dist=None) -> dict:
     from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
 
     torch._dynamo.reset()
-    model = fresh_model(cfg, args.device, state=state)
-    config = GRPOConfig(out="/tmp/check", device=args.device, cuda_graphs=graphs, lr=1e-5, max_len=args.seq_len + 1)
-    trainer = GRPOTrainer(config, model=model)
+    device = dist.device if dist is not None else args.device
+    model = fresh_model(cfg, device, state=state)
+    config = GRPOConfig(
+        out="/tmp/check", device=device, cuda_graphs=graphs, lr=1e-5, max_len=args.seq_len + 1, parallel="replicate"
+    )
+    trainer = GRPOTrainer(config, model=model, dist=dist)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         metrics = [trainer.step(b) for b in batches]
@@ -43,6 +51,9 @@ def run(graphs: bool, cfg, state, batches, args) -> dict:
         g = trainer.graphs
         out["graphs"] = {"recorded": g.recorded, "replayed": g.replayed, "eager": g.eager, "failed": g.failed}
         out["graphs"]["errors"] = sorted(set(g.errors))
+        reducer = trainer.precision.reducer
+        if reducer is not None:  # the last step's buckets started behind the last replay's marks / all
+            out["graphs"]["buckets marked/all"] = f"{reducer.early}/{len(reducer.flats)}"
     del trainer, model
     torch.cuda.empty_cache()
     return out
@@ -59,21 +70,31 @@ def main() -> int:
     if not args.device.startswith("cuda") or not torch.cuda.is_available():
         print("check_graphs.py: CUDA graphs need a CUDA device (none here)", file=sys.stderr)
         return 2
+    from atropos_cli.trainer.scale.distributed import in_launcher, init_from_env
+
+    dist = init_from_env(args.device, 600) if in_launcher() else None
+    world = dist.world if dist is not None else 1
     cfg = qwen_config(False)
     state = {k: v.cpu() for k, v in fresh_model(cfg, "cpu").state_dict().items()}
     start = torch.cat([p.detach().float().flatten() for p in fresh_model(cfg, "cpu", state=state).parameters()])
     batches = [
-        make_groups(args.seqs, args.seq_len, 8, cfg.vocab_size, seed=s, min_len=args.min_len) for s in range(args.steps)
+        make_groups(args.seqs * world, args.seq_len, 8, cfg.vocab_size, seed=s, min_len=args.min_len)
+        for s in range(args.steps)
     ]
     runs = {
-        name: run(graphs, cfg, state, batches, args)
+        name: run(graphs, cfg, state, batches, args, dist)
         for name, graphs in (("eager", False), ("eager 2", False), ("graphs", True))
     }
+    if dist is not None:
+        replicas = dist.gather(runs["graphs"]["graphs"])
+        dist.close()
+        if dist.rank != 0:
+            return 0
+        runs["graphs"]["graphs"] = {"rank 0": runs["graphs"]["graphs"], "every rank": replicas}
     base = runs["eager"]
+    how = f"{world} replicas, each {args.seqs}" if dist is not None else f"{args.seqs}"
     print(f"# CUDA graphs vs eager steps: {torch.cuda.get_device_name()}, torch {torch.__version__}")
-    print(
-        f"{args.steps} steps of {args.seqs} mixed-length sequences ({args.min_len}-{args.seq_len} tokens), 0.5B shape\n"
-    )
+    print(f"{args.steps} steps of {how} mixed-length sequences ({args.min_len}-{args.seq_len} tokens), 0.5B shape\n")
     print("| step | run | loss | grad norm | clip fraction | logprob gap | real tokens |")
     print("|---|---|---|---|---|---|---|")
     for i in range(args.steps):
@@ -92,7 +113,9 @@ def main() -> int:
         print(f"weights after step {args.steps}, {name} vs eager: {d:.3e} of the update")
     print(f"graphs: {runs['graphs']['graphs']}; warnings: {runs['graphs']['warnings'] or 'none'}")
     g = runs["graphs"]["graphs"]
-    ok = g is not None and not g["failed"] and g["replayed"] > 0 and diffs["graphs"] <= 3 * diffs["eager 2"] + 1e-3
+    every = g["every rank"] if g is not None and "every rank" in g else [g]
+    replayed = all(r is not None and not r["failed"] and r["replayed"] > 0 for r in every)
+    ok = replayed and diffs["graphs"] <= 3 * diffs["eager 2"] + 1e-3
     print("PASS" if ok else "FAIL")
     return 0 if ok else 1
 

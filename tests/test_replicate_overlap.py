@@ -4,8 +4,10 @@ Two gloo ranks (subprocesses of this file, `worker`) train one step of the shipp
 Llama) with small buckets;
 the test checks that the step equals one process training the whole batch, that the buckets started in order
 and mostly while the last backward was still running (timestamps against the backward's return), in fp32 and
-bf16-pure (the fp32 master path, the LM head's gradient through its sink), tied and untied heads. And the
-host side of a many-rank step: each rank prepares only its own groups' samples.
+bf16-pure (the fp32 master path, the LM head's gradient through its sink), tied and untied heads. With CUDA graphs
+(a recorder that runs the recording's Python and undoes its arithmetic, as a capture does): no collective inside a
+recording, every bucket started behind the marks the last replay's recording put in. And the host side of a
+many-rank step: each rank prepares only its own groups' samples.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ CASES = {  # name: (dtype, tied head, gradient checkpointing, groups in the batc
     "bf16pure-untied": ("bf16-pure", False, False, 6),
     "bf16pure-checkpointing": ("bf16-pure", True, True, 6),
     "fp32-one-group": ("fp32", True, False, 1),  # rank 1 trains nothing: it sums its zeros in the same order
+    "bf16pure-graphs": ("bf16-pure", True, False, 6),  # micro-batches replayed (graphs.py), 2 steps
 }
+GRAPHS_STEPS = 2  # the second step replays shapes the first recorded
 # The fp32 weights (masters) after one AdamW step of lr 1e-3, against one process: the gradient is the same sum in
 # another order and AdamW's first step is about lr x sign(gradient), so a gradient near zero may move its weight
 # by up to 2 x lr the other way. fp32: no weight differs by more than a tenth of a step. bf16-pure: each micro-batch's
@@ -53,7 +57,7 @@ def _groups(count: int = 6):
     return groups
 
 
-def _trainer(dtype: str, tied: bool, checkpointing: bool = False, dist=None):
+def _trainer(dtype: str, tied: bool, checkpointing: bool = False, dist=None, static: bool = False):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from atropos_cli.resources import resolve_model_path
@@ -77,7 +81,62 @@ def _trainer(dtype: str, tied: bool, checkpointing: bool = False, dist=None):
         parallel="replicate",
         gradient_checkpointing=checkpointing,
     )
-    return GRPOTrainer(config, model=model, dist=dist)
+    trainer = GRPOTrainer(config, model=model, dist=dist)
+    if static:  # the CUDA layout (graphs need it), on this CPU through the dense varlen attention
+        import dataclasses
+
+        from atropos_cli.trainer.step.attention import use_varlen
+
+        use_varlen(model)
+        trainer.pack = "static"
+        trainer.static_shape = dataclasses.replace(trainer.static_shape, exact=True, bucketed=True)
+    return trainer
+
+
+class CapturingRecorder:
+    """What a CUDA capture does, on a CPU: the function's Python runs (hooks, marks), no collective may start
+    (`dist.all_reduce` raises meanwhile), and its arithmetic is undone (a capture runs no kernel: the gradient
+    buffers are restored). A replay runs the arithmetic again with the hooks finding nothing armed (a replay runs
+    no Python)."""
+
+    def __init__(self, reducer) -> None:
+        self.reducer, self.recording, self.recordings = reducer, False, 0
+
+    def record(self, fn):
+        saved = [flat.clone() for flat in self.reducer.flats]
+        self.recording = True
+        try:
+            fn()
+        finally:
+            self.recording = False
+            for flat, old in zip(self.reducer.flats, saved, strict=True):
+                flat.copy_(old)
+        self.recordings += 1
+
+        def replay():
+            assert not self.reducer.armed, "a replay runs no hooks: nothing may be armed during it"
+            return fn()
+
+        return replay
+
+
+def _with_graphs(trainer) -> CapturingRecorder:
+    import torch.distributed as torch_dist
+
+    from atropos_cli.trainer.scale import replicate
+    from atropos_cli.trainer.step.graphs import MicroBatchGraphs
+
+    reducer = trainer.precision.reducer
+    recorder = CapturingRecorder(reducer)
+    undo = trainer.precision.discard_pending
+    trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder, undo, reducer)
+
+    def all_reduce(*args, **kwargs):
+        assert not recorder.recording, "a collective issued inside a recording"
+        return torch_dist.all_reduce(*args, **kwargs)
+
+    replicate.dist = type("Dist", (), {"all_reduce": staticmethod(all_reduce)})  # the module's `dist.all_reduce`
+    return recorder
 
 
 def _weights(trainer) -> dict[str, list[float]]:
@@ -95,7 +154,9 @@ def worker(case: str, out: str) -> None:
     replicate.BUCKET_BYTES = 64 * 1024  # many buckets on a tiny model
     precision.BUCKET = 4  # bf16-pure: gradients moved into the masters 4 at a time (a 0.5B model's 32: ~2 layers)
     dist = init_from_env("cpu", 60)
-    trainer = _trainer(dtype, tied, checkpointing, dist)
+    graphs = case.endswith("graphs")
+    trainer = _trainer(dtype, tied, checkpointing, dist, static=graphs)
+    recorder = _with_graphs(trainer) if graphs else None
     backward_ends: list[float] = []
     original = torch.Tensor.backward
 
@@ -104,7 +165,8 @@ def worker(case: str, out: str) -> None:
         backward_ends.append(time.perf_counter())
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
-    metrics = trainer.step(_groups(count))
+    for _ in range(GRAPHS_STEPS if graphs else 1):
+        metrics = trainer.step(_groups(count))
     reducer = trainer.precision.reducer
     result = {
         "buckets": len(reducer.flats),
@@ -114,7 +176,11 @@ def worker(case: str, out: str) -> None:
         "before_backward_end": sum(t < backward_ends[-1] for t in reducer.launch_times) if backward_ends else None,
         "grad_norm": metrics["grad_norm"],
         "weights": _weights(trainer),
+        "graphs": None,
     }
+    if recorder is not None:
+        g = trainer.graphs
+        result["graphs"] = {"recorded": recorder.recordings, "replayed": g.replayed, "eager": g.eager}
     Path(out, f"rank{dist.rank}.json").write_text(json.dumps(result))
     dist.barrier()
     dist.close()
@@ -156,8 +222,10 @@ def runs(tmp_path_factory) -> dict[str, Path]:
 def test_overlapped_sum_trains_like_one_process(runs: dict[str, Path], case: str):
     dtype, tied, checkpointing, count = CASES[case]
     ranks = [json.loads((runs[case] / f"rank{r}.json").read_text()) for r in range(2)]
-    one = _trainer(dtype, tied, checkpointing)
-    metrics = one.step(_groups(count))
+    graphs = case.endswith("graphs")
+    one = _trainer(dtype, tied, checkpointing, static=graphs)
+    for _ in range(GRAPHS_STEPS if graphs else 1):
+        metrics = one.step(_groups(count))
     expected = _weights(one)
     assert ranks[0]["weights"] == ranks[1]["weights"]  # replicas stay identical
     diffs = [abs(a - b) for key in expected for a, b in zip(ranks[0]["weights"][key], expected[key], strict=True)]
@@ -171,6 +239,10 @@ def test_buckets_start_in_order_while_the_backward_runs(runs: dict[str, Path], c
     for result in (json.loads((runs[case] / f"rank{r}.json").read_text()) for r in range(2)):
         assert result["buckets"] >= 4
         assert result["order"] == list(range(result["buckets"]))
+        if result["graphs"] is not None:  # the last micro-batch was a replay: each bucket started behind its mark
+            assert result["graphs"]["recorded"] >= 1 and result["graphs"]["replayed"] >= 2
+            assert result["early"] == result["buckets"] and result["before_backward_end"] == 0
+            continue
         # fp32: every bucket starts inside the backward (the embedding's, whose gradient comes last, as its last
         # node finishes). bf16-pure: gradients reach their masters BUCKET at a time, and a bucket holding a layer's
         # input norm (listed first in the layer, finished last) waits for the layer: half of these tiny buckets

@@ -60,6 +60,21 @@ def choose(requested: str, device: str, world: int, total: int, trainable: int, 
     return "replicate" if fits and total < REPLICATE_MAX_PARAMS else "fsdp"
 
 
+def _new_mark(flat: Any) -> Any:
+    """A bucket's mark: on CUDA an external event (recorded inside a graph it becomes one of its nodes, which
+    every replay records again), created by one record outside any recording; on a CPU nothing to record."""
+    if not flat.is_cuda:
+        return _HostMark()
+    event = torch.cuda.Event(external=True)
+    event.record()
+    return event
+
+
+class _HostMark:
+    def record(self) -> None:
+        pass
+
+
 def broadcast_weights(model: Any, group: Any) -> None:
     """Rank 0's weights and buffers on every rank, so replicas start equal (a LoRA adapter's random init, say)."""
     source = dist.get_global_rank(group, 0) if group is not None else 0
@@ -108,6 +123,11 @@ class OverlappedSum:
         self.armed = False
         self._left: list[int] = []
         self._handles: list[Any] = []
+        # inside a CUDA graph recording a finished bucket is marked instead (`arm_recording`): an event per bucket
+        self._marks: list[Any] | None = None
+        self._recording = False
+        self._marked = 0
+        self._side: Any = None  # the stream the replayed step's sums are started from (`start_after`)
         self.early = 0  # buckets of the last step started during the backward (the rest by finish())
         self.launch_order: list[int] = []  # the last step's buckets in the order they started
         self.launch_times: list[float] = []  # and when (time.perf_counter())
@@ -122,6 +142,39 @@ class OverlappedSum:
         for key, index in self._slot.items():
             self._left[index] += self._count[key]
         self._handles, self.launch_order, self.launch_times, self.early, self.armed = [], [], [], 0, True
+
+    def arm_recording(self) -> None:
+        """A CUDA graph of a micro-batch is about to be recorded (`graphs.MicroBatchGraphs`): a bucket that
+        completes inside it is marked, not started: an event recorded into the graph where its gradients are
+        final. A replay runs no Python, so no hook can start a sum then; `start_after` starts each bucket behind
+        its mark once the step's last micro-batch was replayed. No collective is issued inside a recording."""
+        if self._marks is None:  # created (and recorded once) outside any recording
+            self._marks = [_new_mark(flat) for flat in self.flats]
+        self.arm()
+        self._recording, self._marked = True, 0
+
+    def recorded(self) -> int:
+        """The recording ended (or failed): how many buckets, in order, it marked as final; disarmed."""
+        marked = self._marked
+        self._handles, self.armed, self._recording, self._marked = [], False, False, 0
+        return marked
+
+    def start_after(self, marked: int) -> None:
+        """The step's last micro-batch was a replay whose recording marked its first `marked` buckets final:
+        start each one's sum behind its mark (on a side stream: the replay's remaining work goes on beside it);
+        `finish` starts the others. The marks are the latest the GPU recorded: that replay's own."""
+        self.arm()  # (a replay runs no hooks: nothing reports to it)
+        marks = self._marks or []
+        for index in range(min(marked, len(marks))):
+            if self.flats[index].is_cuda:
+                if self._side is None:
+                    self._side = torch.cuda.Stream(device=self.flats[index].device)
+                self._side.wait_event(marks[index])
+                with torch.cuda.stream(self._side):
+                    self._launch()
+            else:  # gloo on a CPU: the replay has already finished
+                self._launch()
+            self.early += 1
 
     def ready(self, tensors: list[Any]) -> None:
         if not self.armed:
@@ -139,6 +192,11 @@ class OverlappedSum:
 
     def _launch(self) -> None:
         index = len(self._handles)
+        if self._recording and self._marks is not None:
+            self._marks[index].record()  # into the recording, behind the bucket's last gradient kernels
+            self._handles.append(None)
+            self._marked += 1
+            return
         self.launch_order.append(index)
         self.launch_times.append(time.perf_counter())
         self._handles.append(dist.all_reduce(self.flats[index], group=self.group, async_op=True))

@@ -65,9 +65,11 @@ class CudaRecorder:
     runs nothing, so it needs neither): the GPU goes on with the replays queued before it while the host
     records (a new shape costs the host about what an eager micro-batch does, and the GPU nothing)."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "global") -> None:
         self.pool: Any = None
         self.stream: Any = None
+        # "thread_local" for many ranks: NCCL's watchdog thread may query its events while a recording runs
+        self.mode = mode
 
     def record(self, fn: Callable[[], Outputs]) -> Callable[[], Outputs]:
         """`fn` recorded (not run); the returned replay runs it and gives the recording's own output tensors."""
@@ -76,7 +78,7 @@ class CudaRecorder:
         graph = torch.cuda.CUDAGraph()
         error: RuntimeError | None = None
         with torch.cuda.stream(self.stream):
-            graph.capture_begin(pool=self.pool)
+            graph.capture_begin(pool=self.pool, capture_error_mode=self.mode)
             try:
                 outputs = fn()
             except RuntimeError as exc:
@@ -112,6 +114,7 @@ class _Shape:
         self.counts = torch.ones(2, device=device)
         self.norm = Normaliser(self.counts[0], self.counts[1])
         self.replay: Callable[[], Outputs] | None = None
+        self.marked = 0  # replicas: the gradient buckets its recording marked final (`OverlappedSum`)
         self.failures = 0  # recordings of this shape that failed
         self.ran = False  # ran eagerly at least once
 
@@ -139,10 +142,20 @@ class MicroBatchGraphs:
     too, the trainer goes on without graphs (a warning says why). A failed recording runs nothing: no gradient
     is lost or doubled."""
 
-    def __init__(self, run: Run, device: str, recorder: Any = None, on_failure: Callable[[], None] | None = None):
+    def __init__(
+        self,
+        run: Run,
+        device: str,
+        recorder: Any = None,
+        on_failure: Callable[[], None] | None = None,
+        reducer: Any = None,
+    ) -> None:
         self.run, self.device = run, device
         self.recorder = recorder if recorder is not None else CudaRecorder()
         self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
+        # replicas (`replicate.OverlappedSum`): the step's last micro-batch starts the gradient sum, bucket by
+        # bucket: eagerly through the backward's hooks; replayed behind the marks its recording put in the graph
+        self.reducer = reducer
         self.shapes: dict[tuple, _Shape] = {}
         self.recorded = 0
         self.replayed = 0
@@ -151,30 +164,43 @@ class MicroBatchGraphs:
         self.errors: list[str] = []  # each failed recording's error, first line
         self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
 
-    def __call__(self, mb: MicroBatch, norm: Normaliser, stats: LossStats) -> torch.Tensor:
+    def __call__(self, mb: MicroBatch, norm: Normaliser, stats: LossStats, last: bool = False) -> torch.Tensor:
         """Forward, loss and backward of host micro-batch `mb`; its loss (a device scalar), its stats added to
-        `stats`. The gradient lands where the eager step puts it."""
+        `stats`. The gradient lands where the eager step puts it. `last`: the step's last micro-batch (replicas
+        start their gradient sum in it)."""
         key = shape_key(mb)
         shape = self.shapes.get(key)
         if shape is None:
             shape = self.shapes[key] = _Shape(mb, self.device)
         shape.load(mb, norm)
         if self._should_record(shape):
-            try:
-                shape.replay = self.recorder.record(lambda: shape.call(self.run))
-                self.recorded += 1
-            except RuntimeError as exc:
-                self._failed(shape, exc)
+            self._record(shape)
         if shape.replay is not None:
             loss, sums = shape.replay()
             self.replayed += 1
+            if last and self.reducer is not None:
+                self.reducer.start_after(shape.marked)
         else:
+            if last and self.reducer is not None:
+                self.reducer.arm()
             loss, sums = shape.call(self.run)
             shape.ran = True
             self.eager += 1
         for name, value in sums.items():  # copied out of the pool before another replay may reuse it
             stats.add(name, value)
         return loss.clone()
+
+    def _record(self, shape: _Shape) -> None:
+        if self.reducer is not None:
+            self.reducer.arm_recording()
+        try:
+            shape.replay = self.recorder.record(lambda: shape.call(self.run))
+            self.recorded += 1
+        except RuntimeError as exc:
+            self._failed(shape, exc)
+        finally:
+            if self.reducer is not None:
+                shape.marked = self.reducer.recorded()
 
     def _should_record(self, shape: _Shape) -> bool:
         if self.failed is not None or shape.replay is not None or not self.eager:

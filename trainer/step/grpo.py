@@ -36,7 +36,7 @@ from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
 from .batching import Deferred, Sample, StaticShape, micro_batches, prepare, static_rows
-from .graphs import MicroBatchGraphs
+from .graphs import CudaRecorder, MicroBatchGraphs
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
@@ -216,8 +216,10 @@ class GRPOTrainer:
         fits = gpu is not None and 2 * self.micro_batch_tokens * per_token + held <= 0.8 * gpu
         if not refused and (config.cuda_graphs or (config.cuda_graphs is None and fits)):
             self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, bucketed=True)
-            undo = self.precision.discard_pending
-            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, on_failure=undo)
+            undo, reducer = self.precision.discard_pending, getattr(self.precision, "reducer", None)
+            # many ranks: NCCL's watchdog thread may query its events while this thread records
+            recorder = CudaRecorder("thread_local" if dist is not None else "global")
+            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, recorder, undo, reducer)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
 
@@ -227,7 +229,7 @@ class GRPOTrainer:
         reasons = (
             (not self.device.startswith("cuda"), "a CUDA device"),
             (self.pack != "static", "packed micro-batches (--pack, torch's varlen attention)"),
-            (self.dist is not None, "a one-process run (many ranks replay no graphs yet)"),
+            (self.dist is not None and not self.replicated, "one process or replicas (FSDP replays no graphs yet)"),
             (dtype != "bf16-pure", "--dtype bf16-pure (the CUDA default): gradients must land in the fp32 master"),
             (self.ref_model is not None, "no KL reference (--kl-beta 0)"),
             (self.is_lora, "full fine-tuning (LoRA replays no graphs yet)"),
@@ -301,14 +303,15 @@ class GRPOTrainer:
         for i in range(count):
             if fsdp_dist is not None and cfg.grad_sync == "step":  # reduced once, after the last micro-batch
                 self.policy.set_requires_gradient_sync(i == count - 1)
-            if i == len(batches) - 1:  # replicas: this backward starts the gradient sum bucket by bucket
+            last = i == len(batches) - 1  # replicas: this backward starts the gradient sum bucket by bucket
+            if last and self.graphs is None:  # (graphs start it themselves: a replay runs no hooks)
                 self.precision.last_backward()
             if i >= len(batches):
                 self._filler_pass()
                 continue
             mb = batches[i]
             if self.graphs is not None:  # the recording of its shape, replayed (graphs.py)
-                loss = self.graphs(mb, norm, stats)
+                loss = self.graphs(mb, norm, stats, last)
             else:
                 loss = self._train_micro_batch(mb.to(self.device), norm, stats)
             total_loss += loss
