@@ -197,7 +197,8 @@ def bench_ours(args, cfg, state, batches, variant: dict):
 
     knobs = variant["knobs"]  # the alternatives to the defaults: f filler rows, w whole-body compile,
     # d per-layer compile with every dimension dynamic, r repeated KV heads for GQA, e every micro-batch collated
-    # before the first forward (the trainer collates each as the step reaches it), g no CUDA graphs
+    # before the first forward (the trainer collates each as the step reaches it), g no CUDA graphs, n no narrow
+    # shapes run and recorded ahead (each recorded when it first comes)
     grpo.EXACT_ROWS = "f" not in knobs
     grpo.REGIONAL_COMPILE = False if "w" in knobs else ("dynamic" if "d" in knobs else True)
     attention.NATIVE_GQA = "r" not in knobs
@@ -208,6 +209,8 @@ def bench_ours(args, cfg, state, batches, variant: dict):
 
     logprobs._KERNELS.clear()  # each row compiles its own (a cold first step; run with the inductor caches off)
     trainer = GRPOTrainer(config, model=model)
+    if "n" in knobs and trainer.graphs is not None:
+        trainer.graphs.ahead = None
     if "e" in knobs:
         plan = trainer._micro_batches
         trainer._micro_batches = lambda samples: list(plan(samples))  # type: ignore[method-assign]
@@ -217,6 +220,7 @@ def bench_ours(args, cfg, state, batches, variant: dict):
     graphs = trainer.graphs
     if graphs is not None:  # how the micro-batches ran: a row whose recordings failed must not pass for graphed
         result["graphs"] = f"{graphs.recorded} recorded, {graphs.replayed} replayed, {graphs.eager} eager"
+        result["graphs"] += f", {graphs.warmups} narrow warm-ups" if graphs.warmups else ""
         result["graphs"] += f", {graphs.failures} failed recordings" if graphs.failures else ""
         result["graphs"] += f" ({sorted(set(graphs.errors))})" if graphs.errors else ""
         result["graphs"] += f", OFF: {graphs.failed}" if graphs.failed else ""
@@ -260,6 +264,7 @@ def describe(v: dict) -> str:
         "b": "one gradient add each (no buckets)",
         "e": "all micro-batches collated first",
         "g": "no CUDA graphs",
+        "n": "no narrow shapes recorded ahead",
     }
     text += "".join(f", {names[k]}" for k in v["knobs"])
     return text

@@ -6,15 +6,25 @@ benchmarks/device/graphs_check.py."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 import torch
 
 from atropos_cli.errors import ConfigError
 from atropos_cli.trainer.step.attention import use_varlen
-from atropos_cli.trainer.step.batching import Deferred, StaticShape, bucket, prepare, static_rows
-from atropos_cli.trainer.step.graphs import MicroBatchGraphs
+from atropos_cli.trainer.step.batching import (
+    Deferred,
+    StaticShape,
+    bucket,
+    narrow_warmups,
+    prepare,
+    static_micro_batch,
+    static_rows,
+)
+from atropos_cli.trainer.step.graphs import MicroBatchGraphs, shape_key
 from atropos_cli.trainer.step.grpo import GRPOConfig, GRPOTrainer
+from atropos_cli.trainer.step.losses import LossStats, Normaliser
 from atropos_cli.types import ScoredGroup
 from test_trainer_packing import VOCAB, tiny_qwen
 
@@ -75,10 +85,11 @@ def test_bucketed_micro_batches_have_few_shapes_and_pad_into_an_empty_slot():
         assert mb.loss_mask.shape == mb.advantages.shape == mb.inference_logp.shape == (slots, span)
         rows, cols = ref.loss_mask.shape
         assert torch.equal(mb.loss_mask[:rows, :cols], ref.loss_mask) and float(mb.loss_mask[rows:].sum()) == 0
-        trained = len(ref.select)
-        assert len(mb.select) == len(mb.place) == bucket(trained)
+        trained, count = len(ref.select), shape.trained_count(bucket(n), len(ref.select))
+        assert len(mb.select) == len(mb.place) == count
+        assert count == (bucket(n) if bucket(n) <= shape.width // 2 else bucket(trained))  # narrow rows: all positions
         # padding reads position 0 and lands in the last slot, which holds no sample
-        assert torch.equal(mb.place[trained:], torch.full((bucket(trained) - trained,), (slots - 1) * span))
+        assert torch.equal(mb.place[trained:], torch.full((count - trained,), (slots - 1) * span))
         assert int(mb.select[trained:].abs().sum()) == 0
         if ref.inv_temperature is not None:
             assert torch.equal(mb.inv_temperature[:trained], ref.inv_temperature)
@@ -87,7 +98,25 @@ def test_bucketed_micro_batches_have_few_shapes_and_pad_into_an_empty_slot():
             assert mb.inv_temperature is None
 
 
-def _trainer(graphs: bool, recorder=None, dtype: str = "fp32") -> GRPOTrainer:
+def test_narrow_shapes_are_known_before_their_rows_come():
+    """Every width a narrow row can have is listed, and its zero-weight micro-batch has exactly the shapes a real
+    narrow row of that width gets (what graphs.py runs and records ahead)."""
+    for budget in (512, 16384, 12000):
+        shape = StaticShape.for_budget(budget, 1025, bucketed=True)
+        limit = shape.width // 2  # a narrow row: its bucket width at most half the budget
+        assert shape.narrow_widths() == sorted({bucket(n) for n in range(1, limit + 1) if bucket(n) <= limit})
+    shape = StaticShape.for_budget(512, 320, bucketed=True)
+    samples = prepare(long_groups(), scale_rewards=True, dynamic_sampling=False, max_len=320).samples
+    for row in ([min(samples, key=lambda s: len(s.tokens))], sorted(samples, key=lambda s: len(s.tokens))[:3]):
+        mb = static_micro_batch(row, shape)
+        assert mb.input_ids.shape[1] in shape.narrow_widths()
+        warm = {w.input_ids.shape[1]: w for w in narrow_warmups(mb, shape)}
+        assert shape_key(warm[mb.input_ids.shape[1]]) == shape_key(mb)
+        assert all(float(w.advantages.abs().sum()) == 0 and w.teacher_mask is None for w in warm.values())
+    assert len({shape_key(w) for w in warm.values()}) == len(shape.narrow_widths())
+
+
+def _trainer(graphs: bool, recorder=None, dtype: str = "fp32", ahead: bool = True) -> GRPOTrainer:
     model = tiny_qwen()
     config = GRPOConfig(out="unused", micro_batch_tokens=512, max_len=320, lr=1e-3, dtype=dtype, seed=0)
     trainer = GRPOTrainer(config, model=model)
@@ -96,7 +125,8 @@ def _trainer(graphs: bool, recorder=None, dtype: str = "fp32") -> GRPOTrainer:
     if graphs:
         trainer.static_shape = dataclasses.replace(trainer.static_shape, exact=True, bucketed=True)
         undo = trainer.precision.discard_pending
-        trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder=recorder, on_failure=undo)
+        record_ahead = functools.partial(narrow_warmups, shape=trainer.static_shape) if ahead else None
+        trainer.graphs = MicroBatchGraphs(trainer._train_micro_batch, "cpu", recorder, undo, ahead=record_ahead)
     return trainer
 
 
@@ -121,20 +151,30 @@ def test_graphed_steps_train_like_eager_ones(dtype):
         assert torch.allclose(p.float(), q.float(), atol=tol, rtol=tol)
     graphs = graphed.graphs
     assert graphs is not None and graphs.failed is None
-    shapes, rows = len(graphs.shapes), len(graphed._micro_batches(prepare(long_groups(), True, False, 320).samples))
-    assert rows > shapes > 1  # several shapes, one recurring inside a step
-    # the run's first micro-batch runs eagerly; every shape is recorded when it first comes, then replayed
-    assert (graphs.eager, graphs.recorded, recorder.recordings, graphs.replayed) == (1, shapes, shapes, 3 * rows - 1)
+    rows = len(graphed._micro_batches(prepare(long_groups(), True, False, 320).samples))
+    # the run's first micro-batch runs eagerly; the narrow shapes are recorded right after it, any other when it
+    # first comes; then each is replayed
+    ahead = graphed.static_shape.narrow_widths()
+    assert ahead == [128, 256] and len(graphs.shapes) > len(ahead)
+    assert (graphs.eager, graphs.recorded, recorder.recordings) == (1, len(graphs.shapes), len(graphs.shapes))
+    assert graphs.warmups == len(ahead)  # their zero-weight runs changed nothing (the weights match eager's)
+    assert graphs.replayed == 3 * rows - 1
 
 
-def test_a_failed_recording_runs_eagerly_and_is_tried_again():
-    eager, graphed = _trainer(False), _trainer(True, KeepingRecorder(fail=1))
+@pytest.mark.parametrize("ahead", [False, True])
+def test_a_failed_recording_runs_eagerly_and_is_tried_again(ahead):
+    eager, graphed = _trainer(False), _trainer(True, KeepingRecorder(fail=1), ahead=ahead)
     for a, b in zip(_train(eager), _train(graphed), strict=True):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
     graphs = graphed.graphs
     assert graphs is not None and graphs.failed is None and graphs.failures == 1
-    assert graphs.recorded == len(graphs.shapes) and graphs.eager == 2  # the first micro-batch, the failed one
+    if ahead:  # the first shape recorded ahead failed after its warm-up ran it: tried again when its row comes
+        failed = [s for s in graphs.shapes.values() if s.failures]
+        assert len(failed) == 1 and failed[0].ran and graphs.eager == 1
+        assert graphs.recorded == sum(s.replay is not None for s in graphs.shapes.values())
+    else:
+        assert graphs.recorded == len(graphs.shapes) and graphs.eager == 2  # the first micro-batch, the failed one
 
 
 def test_recordings_that_keep_failing_turn_graphs_off_and_lose_nothing():
@@ -155,3 +195,16 @@ def test_cuda_graphs_asked_for_where_they_cannot_run_is_a_config_error():
     with pytest.raises(ConfigError, match="--cuda-graphs needs a CUDA device"):
         GRPOTrainer(config, model=tiny_qwen())
     assert GRPOTrainer(GRPOConfig(out="unused", max_len=32), model=tiny_qwen()).graphs is None  # auto: off
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16-pure"])
+def test_a_narrow_warmup_adds_exactly_nothing_to_the_gradient(dtype):
+    trainer = _trainer(True, KeepingRecorder(), dtype=dtype)
+    samples = prepare(long_groups(), scale_rewards=True, dynamic_sampling=False, max_len=320).samples
+    first = static_micro_batch([samples[0]], trainer.static_shape)
+    for warm in narrow_warmups(first, trainer.static_shape):
+        stats = LossStats()
+        loss = trainer._train_micro_batch(warm, Normaliser(1, 1), stats)
+        assert float(loss) == 0.0 and float(stats.sums["tokens"]) == warm.input_ids.shape[1]
+    grads = trainer.precision.master or trainer.precision.params
+    assert all(g.grad is None or not bool(g.grad.any()) for g in grads)

@@ -71,7 +71,7 @@ def _new_mark(flat: Any) -> Any:
 
 
 class _HostMark:
-    def record(self) -> None:
+    def record(self, stream: Any = None) -> None:
         pass
 
 
@@ -126,6 +126,7 @@ class OverlappedSum:
         # inside a CUDA graph recording a finished bucket is marked instead (`arm_recording`): an event per bucket
         self._marks: list[Any] | None = None
         self._recording = False
+        self._capture: Any = None  # the recording's stream
         self._marked = 0
         self._side: Any = None  # the stream the replayed step's sums are started from (`start_after`)
         self.early = 0  # buckets of the last step started during the backward (the rest by finish())
@@ -143,20 +144,21 @@ class OverlappedSum:
             self._left[index] += self._count[key]
         self._handles, self.launch_order, self.launch_times, self.early, self.armed = [], [], [], 0, True
 
-    def arm_recording(self) -> None:
-        """A CUDA graph of a micro-batch is about to be recorded (`graphs.MicroBatchGraphs`): a bucket that
-        completes inside it is marked, not started: an event recorded into the graph where its gradients are
-        final. A replay runs no Python, so no hook can start a sum then; `start_after` starts each bucket behind
-        its mark once the step's last micro-batch was replayed. No collective is issued inside a recording."""
+    def arm_recording(self, stream: Any = None) -> None:
+        """A CUDA graph of a micro-batch is about to be recorded on `stream` (`graphs.MicroBatchGraphs`): a bucket
+        that completes inside it is marked, not started: an event recorded into the graph where its gradients are
+        final (on `stream` explicitly: the backward's hooks run on autograd's own thread). A replay runs no
+        Python, so no hook can start a sum then; `start_after` starts each bucket behind its mark once the step's
+        last micro-batch was replayed. No collective is issued inside a recording."""
         if self._marks is None:  # created (and recorded once) outside any recording
             self._marks = [_new_mark(flat) for flat in self.flats]
         self.arm()
-        self._recording, self._marked = True, 0
+        self._recording, self._marked, self._capture = True, 0, stream
 
     def recorded(self) -> int:
         """The recording ended (or failed): how many buckets, in order, it marked as final; disarmed."""
         marked = self._marked
-        self._handles, self.armed, self._recording, self._marked = [], False, False, 0
+        self._handles, self.armed, self._recording, self._marked, self._capture = [], False, False, 0, None
         return marked
 
     def start_after(self, marked: int) -> None:
@@ -193,7 +195,7 @@ class OverlappedSum:
     def _launch(self) -> None:
         index = len(self._handles)
         if self._recording and self._marks is not None:
-            self._marks[index].record()  # into the recording, behind the bucket's last gradient kernels
+            self._marks[index].record(self._capture)  # into the recording, behind the bucket's gradient kernels
             self._handles.append(None)
             self._marked += 1
             return

@@ -40,6 +40,7 @@ __all__ = [
     "Deferred",
     "StaticShape",
     "bucket",
+    "narrow_warmups",
 ]
 
 MASKED = -100
@@ -414,6 +415,21 @@ class StaticShape:
             return min(bucket(tokens), self.width)
         return tokens if self.exact else self.width
 
+    def trained_count(self, width: int, trained: int) -> int:
+        """Bucketed: the trained positions a row of `width` is padded to. A narrow row (at most half the budget,
+        a step's last) takes all its positions: one shape a width, so every narrow shape can be recorded before
+        it comes (`narrow_widths`); its LM head's extra rows cost ~1% of a mixed step. A wide row takes the
+        bucket of its trained count (its prompt positions would cost more)."""
+        return width if width <= self.width // 2 else min(bucket(trained), width)
+
+    def narrow_widths(self) -> list[int]:
+        """Every `bucket` size a narrow row can have (at most half the budget), ascending."""
+        limit, sizes, n = self.width // 2, list(range(128, 1025, 128)), 1024
+        while n < limit:
+            sizes += [n + n // 4 * i for i in range(1, 5)]
+            n *= 2
+        return [size for size in sizes if size <= limit]
+
     @property
     def loss_layout(self) -> tuple[int, int] | None:
         """Bucketed: the fixed (slots, span) of the loss layout; its last slot holds no sample (padding lands
@@ -456,8 +472,32 @@ def static_micro_batch(row: list[Sample], shape: StaticShape) -> MicroBatch:
     mb.attention_mask.fill_(1)
     mb.cu_seqlens, mb.max_doc_len, mb.padded = cu, shape.max_doc_len, False
     if shape.bucketed:
-        _pad_trained(mb, min(bucket(len(mb.select)), width), shape)
+        _pad_trained(mb, shape.trained_count(width, len(mb.select)), shape)
     return mb
+
+
+def narrow_warmups(mb: MicroBatch, shape: StaticShape) -> list[MicroBatch]:
+    """One micro-batch for each narrow width (`StaticShape.narrow_widths`), with `mb`'s optional fields, whose loss
+    and gradient are exactly zero: samples of token 0, every advantage 0, no teacher log-prob. What graphs.py runs
+    once and records before any such row comes (each has the shapes a real row of its width gets)."""
+    unit = mb.inv_temperature is None
+    out = []
+    for width in shape.narrow_widths():
+        piece = min(width, shape.max_doc_len)
+        lengths = [piece] * (width // piece) + ([width % piece] if width % piece else [])
+        row = [
+            Sample(
+                tokens=[0] * (n + 1),
+                trained=[True] * n,
+                advantages=[0.0] * n,
+                temperature=1.0 if unit else 0.5,
+                inference_logprobs=[0.0] * n if mb.inference_logp is not None else None,
+                teacher_logprobs=[math.nan] * n if mb.teacher_logp is not None else None,
+            )
+            for n in lengths
+        ]
+        out.append(static_micro_batch(row, shape))
+    return out
 
 
 def _pad_trained(mb: MicroBatch, count: int, shape: StaticShape) -> None:

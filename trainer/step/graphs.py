@@ -15,7 +15,9 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); after it, each shape is recorded the first time it comes (a recording
+initialise lazily inside a recording); right after it every narrow row's shape (a step's last row; its width
+fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it needs) and
+is recorded; any other shape is recorded the first time it comes (a recording
 runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
 replayed. A shape whose first run needs a compile cannot be recorded (a compile syncs with the host; on an H100
 a row of 128-256 tokens makes the compiled layers recompile once): it runs eagerly and is recorded the next time
@@ -71,10 +73,15 @@ class CudaRecorder:
         # "thread_local" for many ranks: NCCL's watchdog thread may query its events while a recording runs
         self.mode = mode
 
-    def record(self, fn: Callable[[], Outputs]) -> Callable[[], Outputs]:
-        """`fn` recorded (not run); the returned replay runs it and gives the recording's own output tensors."""
+    def capture_stream(self) -> Any:
+        """The stream the next recording captures (work queued on it from any thread lands in the graph)."""
         if self.stream is None:
             self.stream = torch.cuda.Stream()
+        return self.stream
+
+    def record(self, fn: Callable[[], Outputs]) -> Callable[[], Outputs]:
+        """`fn` recorded (not run); the returned replay runs it and gives the recording's own output tensors."""
+        self.capture_stream()
         graph = torch.cuda.CUDAGraph()
         error: RuntimeError | None = None
         with torch.cuda.stream(self.stream):
@@ -149,8 +156,12 @@ class MicroBatchGraphs:
         recorder: Any = None,
         on_failure: Callable[[], None] | None = None,
         reducer: Any = None,
+        ahead: Callable[[MicroBatch], list[MicroBatch]] | None = None,
     ) -> None:
         self.run, self.device = run, device
+        # the shapes to run once and record right after the run's first micro-batch (`batching.narrow_warmups`:
+        # every narrow width), so a step's last, narrow row is a replay from the first steps on
+        self.ahead = ahead
         self.recorder = recorder if recorder is not None else CudaRecorder()
         self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
         # replicas (`replicate.OverlappedSum`): the step's last micro-batch starts the gradient sum, bucket by
@@ -160,6 +171,8 @@ class MicroBatchGraphs:
         self.recorded = 0
         self.replayed = 0
         self.eager = 0
+        self.warmups = 0  # zero-weight eager runs of the shapes recorded ahead
+        self.ahead_done = False
         self.failures = 0
         self.errors: list[str] = []  # each failed recording's error, first line
         self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
@@ -168,6 +181,8 @@ class MicroBatchGraphs:
         """Forward, loss and backward of host micro-batch `mb`; its loss (a device scalar), its stats added to
         `stats`. The gradient lands where the eager step puts it. `last`: the step's last micro-batch (replicas
         start their gradient sum in it)."""
+        if self.eager and self.ahead is not None and not self.ahead_done:  # the micro-batch after the run's first
+            self._record_ahead(mb)
         key = shape_key(mb)
         shape = self.shapes.get(key)
         if shape is None:
@@ -175,7 +190,7 @@ class MicroBatchGraphs:
         shape.load(mb, norm)
         if self._should_record(shape):
             self._record(shape)
-        if shape.replay is not None:
+        if shape.replay is not None and self.failed is None:
             loss, sums = shape.replay()
             self.replayed += 1
             if last and self.reducer is not None:
@@ -190,9 +205,29 @@ class MicroBatchGraphs:
             stats.add(name, value)
         return loss.clone()
 
+    def _record_ahead(self, mb: MicroBatch) -> None:
+        """Run once and record the shapes `ahead` gives for `mb`'s kind of micro-batch (zero-weight micro-batches:
+        they add exactly nothing to the gradient) before any such micro-batch comes. The eager run compiles what
+        the shape needs: a narrow row can make the compiled layers recompile, and a compile cannot happen inside
+        a recording (it syncs with the host; H100: every narrow shape recorded without it failed that way)."""
+        assert self.ahead is not None
+        self.ahead_done = True
+        unit = Normaliser(1, 1)
+        for warm in self.ahead(mb):
+            key = shape_key(warm)
+            if key in self.shapes or self.failed is not None:
+                continue
+            shape = self.shapes[key] = _Shape(warm, self.device)
+            shape.load(warm, unit)
+            shape.call(self.run)  # its loss and stats are dropped; its gradient is zero
+            shape.ran = True
+            self.warmups += 1
+            self._record(shape)
+
     def _record(self, shape: _Shape) -> None:
-        if self.reducer is not None:
-            self.reducer.arm_recording()
+        if self.reducer is not None:  # (a stand-in recorder on a CPU has no stream)
+            capture = getattr(self.recorder, "capture_stream", None)
+            self.reducer.arm_recording(capture() if capture is not None else None)
         try:
             shape.replay = self.recorder.record(lambda: shape.call(self.run))
             self.recorded += 1

@@ -35,7 +35,7 @@ from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import compile_body, flash_varlen, use_varlen
-from .batching import Deferred, Sample, StaticShape, micro_batches, prepare, static_rows
+from .batching import Deferred, Sample, StaticShape, micro_batches, narrow_warmups, prepare, static_rows
 from .graphs import CudaRecorder, MicroBatchGraphs
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
@@ -216,10 +216,11 @@ class GRPOTrainer:
         fits = gpu is not None and 2 * self.micro_batch_tokens * per_token + held <= 0.8 * gpu
         if not refused and (config.cuda_graphs or (config.cuda_graphs is None and fits)):
             self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, bucketed=True)
-            undo, reducer = self.precision.discard_pending, getattr(self.precision, "reducer", None)
+            undo, summed = self.precision.discard_pending, getattr(self.precision, "reducer", None)
             # many ranks: NCCL's watchdog thread may query its events while this thread records
             recorder = CudaRecorder("thread_local" if dist is not None else "global")
-            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, recorder, undo, reducer)
+            ahead = functools.partial(narrow_warmups, shape=self.static_shape)
+            self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, recorder, undo, summed, ahead)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
 
