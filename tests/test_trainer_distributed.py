@@ -104,6 +104,16 @@ def test_default_micro_batches_fit_beside_the_training_state():
     assert default_micro_batch_tokens("cpu", False, None, 0, 1) == 8192
 
 
+def test_a_cuda_trainer_takes_few_host_threads_unless_the_user_chose():
+    from atropos_cli.trainer.config import AUTO_THREADS, HOST_THREADS, host_threads
+
+    assert host_threads("cuda:0", 64, {}) == HOST_THREADS == 4  # torch's default on a 64-core host: too many
+    assert host_threads("cuda:1", 16, {"OMP_NUM_THREADS": "16", AUTO_THREADS: "1"}) == 4  # the launcher's share
+    assert host_threads("cuda:0", 64, {"OMP_NUM_THREADS": "64"}) is None  # the user's own choice
+    assert host_threads("cuda:0", 2, {}) is None  # already few
+    assert host_threads("cpu", 64, {}) is None  # on a CPU the threads do the training
+
+
 def test_two_ranks_train_like_one_process(rollouts: Path, tmp_path: Path):
     one, two = tmp_path / "one", tmp_path / "two"
     _train(one, rollouts)

@@ -8,6 +8,7 @@ compared on --resume. Layers: field defaults < the `train:` section of `--config
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -280,3 +281,21 @@ def default_micro_batch_tokens(
         if tokens * bytes_per_token <= free:
             return tokens
     return 4096
+
+
+HOST_THREADS = 4  # torch's intra-op threads in a CUDA training process (its host only collates small tensors)
+AUTO_THREADS = "ATROPOS_AUTO_THREADS"  # set by `launch` beside the OMP_NUM_THREADS it chose: not the user's
+
+
+def host_threads(device: str, current: int, env: Mapping[str, str]) -> int | None:
+    """The intra-op thread count a training process should switch to, or None to keep `current`.
+
+    On CUDA, HOST_THREADS: the host collates micro-batches and queues the GPU's work, small tensors that many
+    OpenMP threads only slow down. Measured on an H100 of a 64-core host (torch's default: 64 threads), the same
+    mixed-length benchmark gave 90.8-101.0k tokens/s against 106.1-106.3k with 4 (equal lengths 109.4k against
+    114.0k; benchmarks/results/trainer_gpu.md, session 12). OMP_NUM_THREADS set by the user wins; on a CPU the
+    threads do the training, so torch's default stays."""
+    user_set = "OMP_NUM_THREADS" in env and env.get(AUTO_THREADS) != "1"
+    if not device.startswith("cuda") or user_set or current <= HOST_THREADS:
+        return None
+    return HOST_THREADS

@@ -14,6 +14,8 @@ import os
 
 from atropos_cli.errors import RankFailed
 
+from ..config import AUTO_THREADS
+
 __all__ = ["launch"]
 
 MONITOR_INTERVAL_S = 0.5  # how often the launcher checks its ranks (a dead one stops the run this fast)
@@ -30,7 +32,9 @@ def launch(nproc: int, argv: list[str], verbose: bool = False, engines: int = 0)
         for name in list(logging.root.manager.loggerDict):  # its loggers set their own level: each one, by name
             if name.startswith(("torch.distributed.run", "torch.distributed.elastic", "torch.distributed.launcher")):
                 logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    if "OMP_NUM_THREADS" not in os.environ:  # the cores shared out (a CUDA rank then takes fewer: host_threads)
+        os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // nproc))
+        os.environ[AUTO_THREADS] = "1"
     args = get_args_parser().parse_args(
         [
             "--standalone",

@@ -21,6 +21,7 @@ API, the in-process env workers), step, write metrics, sync weights to the infer
 from __future__ import annotations
 
 import functools
+import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -30,7 +31,7 @@ from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
 from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens
+from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens, host_threads
 from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
@@ -145,6 +146,9 @@ class GRPOTrainer:
         config.check_lora()  # bad --lora-* values fail before any model loads
         self.dist = dist
         self.device = dist.device if dist is not None else resolve_device(config.device)
+        threads = host_threads(self.device, torch.get_num_threads(), os.environ)
+        if threads is not None:
+            torch.set_num_threads(threads)
         torch.manual_seed(config.seed)
         if model is None:
             model, tokenizer = load_policy(config.model, self.device)
