@@ -2,7 +2,8 @@
 gradient moves into the fp32 master, with no host work per layer.
 
 Where it sits: `GRPOTrainer.step` hands each statically packed micro-batch to `MicroBatchGraphs` (when
-`--cuda-graphs` is on: its default for one-process CUDA training, grpo.py), which copies it into the static
+`--cuda-graphs` is on: its default for one-process and replicated CUDA training, grpo.py), which copies it into
+the static
 buffers of its shape and replays that shape's recording. Shapes are few because the rows are bucketed
 (`batching.StaticShape.bucketed`: row widths and trained-position counts rounded up to `batching.bucket` sizes,
 the loss layout fixed).
@@ -15,10 +16,9 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); right after it every narrow row's shape (a step's last row; its width
-fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it needs) and
-is recorded; any other shape is recorded the first time it comes (a recording
-runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
+initialise lazily inside a recording); at the start of the next one every narrow row's shape (a step's last row;
+its width fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it
+needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
 replayed. A shape whose first run needs a compile cannot be recorded (a compile syncs with the host; on an H100
 a row of 128-256 tokens makes the compiled layers recompile once): it runs eagerly and is recorded the next time
 it comes. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
@@ -28,6 +28,10 @@ What a replay relies on, each kept by the trainer: every input is a tensor whose
 micro-batch (copied into the shape's buffers), the step's counts (`losses.Normaliser` as device scalars), the
 weights (the optimizer's master is copied into them in place), the gradient accumulators (the fp32 master's
 .grad, zeroed in place); and nothing inside syncs with the host (a recording fails on a sync).
+
+Replicas (`replicate.OverlappedSum`): no collective is issued inside a recording. While a shape is recorded, each
+gradient bucket that becomes final records an event into the graph; when the step's last micro-batch is a replay,
+each bucket's all-reduce is queued behind its event (`start_after`), so the sum still overlaps that backward.
 """
 
 from __future__ import annotations
