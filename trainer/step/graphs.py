@@ -18,11 +18,12 @@ the host. This records the whole micro-batch, outside any compiled function.)
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
 initialise lazily inside a recording); at the start of the next one every narrow row's shape (a step's last row;
 its width fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it
-needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits for nothing: the GPU goes on with the replays queued before it) and replayed, then only
-replayed. A shape whose first run needs a compile cannot be recorded (a compile syncs with the host; on an H100
-a row of 128-256 tokens makes the compiled layers recompile once): it runs eagerly and is recorded the next time
-it comes. All recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into
-the step's own tensors right after it, before another replay can reuse that memory.
+needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits
+for nothing: the GPU goes on with the replays queued before it) and replayed, then only replayed. A shape whose
+first run needs a compile cannot be recorded (a compile syncs with the host; on an H100 a row of 128-256 tokens
+makes the compiled layers recompile once): it runs eagerly and is recorded the next time it comes. All
+recordings share one memory pool; a replay's outputs (the loss and the loss stats) are added into the step's own
+tensors right after it, before another replay can reuse that memory.
 
 What a replay relies on, each kept by the trainer: every input is a tensor whose storage never moves: the
 micro-batch (copied into the shape's buffers), the step's counts (`losses.Normaliser` as device scalars), the
