@@ -16,7 +16,7 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); at the start of the next one every narrow row's shape (a step's last row;
+initialise lazily inside a recording); right after it (in the first step) every narrow row's shape (a step's last row;
 its width fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it
 needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits
 for nothing: the GPU goes on with the replays queued before it) and replayed, then only replayed. A shape whose
@@ -186,8 +186,6 @@ class MicroBatchGraphs:
         """Forward, loss and backward of host micro-batch `mb`; its loss (a device scalar), its stats added to
         `stats`. The gradient lands where the eager step puts it. `last`: the step's last micro-batch (replicas
         start their gradient sum in it)."""
-        if self.eager and self.ahead is not None and not self.ahead_done:  # the micro-batch after the run's first
-            self._record_ahead(mb)
         key = shape_key(mb)
         shape = self.shapes.get(key)
         if shape is None:
@@ -201,14 +199,18 @@ class MicroBatchGraphs:
             if last and self.reducer is not None:
                 self.reducer.start_after(shape.marked)
         else:
-            if last and self.reducer is not None:
+            # (the run's first micro-batch leaves its sum to the step's end: the narrow warm-ups follow it)
+            if last and self.reducer is not None and self.eager:
                 self.reducer.arm()
             loss, sums = shape.call(self.run)
             shape.ran = True
             self.eager += 1
         for name, value in sums.items():  # copied out of the pool before another replay may reuse it
             stats.add(name, value)
-        return loss.clone()
+        loss = loss.clone()
+        if self.ahead is not None and not self.ahead_done:  # right after the run's first micro-batch: in step 1
+            self._record_ahead(mb)
+        return loss
 
     def _record_ahead(self, mb: MicroBatch) -> None:
         """Run once and record the shapes `ahead` gives for `mb`'s kind of micro-batch (zero-weight micro-batches:
