@@ -3,8 +3,7 @@ gradient moves into the fp32 master, with no host work per layer.
 
 Where it sits: `GRPOTrainer.step` hands each statically packed micro-batch to `MicroBatchGraphs` (when
 `--cuda-graphs` is on: its default for one-process and replicated CUDA training, grpo.py), which copies it into
-the static
-buffers of its shape and replays that shape's recording. Shapes are few because the rows are bucketed
+the static buffers of its shape and replays that shape's recording. Shapes are few because the rows are bucketed
 (`batching.StaticShape.bucketed`: row widths and trained-position counts rounded up to `batching.bucket` sizes,
 the loss layout fixed).
 
@@ -16,9 +15,9 @@ launch: the host queues a whole micro-batch in microseconds and runs ahead, so t
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may
-initialise lazily inside a recording); right after it (in the first step) every narrow row's shape (a step's last row;
-its width fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling what it
-needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits
+initialise lazily inside a recording); right after it (in the first step) every narrow row's shape (a step's
+last row; its width fixes its shape, `batching.StaticShape.trained_count`) runs once with zero weight (compiling
+what it needs) and is recorded; any other shape is recorded the first time it comes (a recording runs nothing, and waits
 for nothing: the GPU goes on with the replays queued before it) and replayed, then only replayed. A shape whose
 first run needs a compile cannot be recorded (a compile syncs with the host; on an H100 a row of 128-256 tokens
 makes the compiled layers recompile once): it runs eagerly and is recorded the next time it comes. All
