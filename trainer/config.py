@@ -106,8 +106,8 @@ class GRPOConfig(BaseModel):
     --micro-batch-tokens tokens with varlen flash attention (one shape: compiled once); off on CPU."""
     cuda_graphs: bool | None = None
     """Replay each micro-batch's forward and backward as a CUDA graph, one recording per bucketed row width: no
-    host work per layer (trainer/step/graphs.py). Default: on for one-process CUDA training with --pack and
-    bf16-pure weights (the CUDA defaults) when a micro-batch's activations fit twice; off elsewhere."""
+    host work per layer (trainer/step/graphs.py). Default: on for one-process and replicated CUDA training with
+    --pack and bf16-pure weights (the CUDA defaults) when a micro-batch's activations fit twice; off elsewhere."""
     activation_memory_budget: float | None = Field(None, gt=0, le=1)
     """With --compile: the fraction (0-1] of activations the backward keeps; the cheapest rest is recomputed."""
     parallel: Literal["auto", "fsdp", "replicate"] = "auto"

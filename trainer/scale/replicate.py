@@ -127,7 +127,6 @@ class OverlappedSum:
         self._marks: list[Any] | None = None
         self._recording = False
         self._capture: Any = None  # the recording's stream
-        self._marked = 0
         self._side: Any = None  # the stream the replayed step's sums are started from (`start_after`)
         self.early = 0  # buckets of the last step started during the backward (the rest by finish())
         self.launch_order: list[int] = []  # the last step's buckets in the order they started
@@ -153,12 +152,12 @@ class OverlappedSum:
         if self._marks is None:  # created (and recorded once) outside any recording
             self._marks = [_new_mark(flat) for flat in self.flats]
         self.arm()
-        self._recording, self._marked, self._capture = True, 0, stream
+        self._recording, self._capture = True, stream
 
     def recorded(self) -> int:
         """The recording ended (or failed): how many buckets, in order, it marked as final; disarmed."""
-        marked = self._marked
-        self._handles, self.armed, self._recording, self._marked, self._capture = [], False, False, 0, None
+        marked = len(self._handles) if self._recording else 0  # (a mark each, in `_launch`)
+        self._handles, self.armed, self._recording, self._capture = [], False, False, None
         return marked
 
     def start_after(self, marked: int) -> None:
@@ -197,7 +196,6 @@ class OverlappedSum:
         if self._recording and self._marks is not None:
             self._marks[index].record(self._capture)  # into the recording, behind the bucket's gradient kernels
             self._handles.append(None)
-            self._marked += 1
             return
         self.launch_order.append(index)
         self.launch_times.append(time.perf_counter())

@@ -424,11 +424,11 @@ class StaticShape:
 
     def narrow_widths(self) -> list[int]:
         """Every `bucket` size a narrow row can have (at most half the budget), ascending."""
-        limit, sizes, n = self.width // 2, list(range(128, 1025, 128)), 1024
-        while n < limit:
-            sizes += [n + n // 4 * i for i in range(1, 5)]
-            n *= 2
-        return [size for size in sizes if size <= limit]
+        sizes, size = [], bucket(1)
+        while size <= self.width // 2:
+            sizes.append(size)
+            size = bucket(size + 1)
+        return sizes
 
     @property
     def loss_layout(self) -> tuple[int, int] | None:
@@ -504,7 +504,9 @@ def _pad_trained(mb: MicroBatch, count: int, shape: StaticShape) -> None:
     """Pad the trained positions to `count`: the extra ones read position 0 and land in the loss layout's last
     slot, which no sample has (its mask is 0: they add nothing to the loss, its gradient or its stats)."""
     pad = count - len(mb.select)
-    slots, span = shape.max_docs + 1, shape.max_doc_len
+    layout = shape.loss_layout
+    assert layout is not None, "trained positions are padded in bucketed rows only"
+    slots, span = layout
     mb.select = torch.cat([mb.select, torch.zeros(pad, dtype=torch.long)])
     mb.place = torch.cat([mb.place, torch.full((pad,), (slots - 1) * span, dtype=torch.long)])
     if mb.inv_temperature is not None:

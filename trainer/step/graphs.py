@@ -164,7 +164,7 @@ class MicroBatchGraphs:
     ) -> None:
         self.run, self.device = run, device
         # the shapes to run once and record right after the run's first micro-batch (`batching.narrow_warmups`:
-        # every narrow width), so a step's last, narrow row is a replay from the first steps on
+        # every narrow width), so a step's last, narrow row is a replay from the first steps on; None once done
         self.ahead = ahead
         self.recorder = recorder if recorder is not None else CudaRecorder()
         self.on_failure = on_failure  # undoes what a failed recording left behind (pending gradient moves)
@@ -176,7 +176,6 @@ class MicroBatchGraphs:
         self.replayed = 0
         self.eager = 0
         self.warmups = 0  # zero-weight eager runs of the shapes recorded ahead
-        self.ahead_done = False
         self.failures = 0
         self.errors: list[str] = []  # each failed recording's error, first line
         self.failed: str | None = None  # set once graphs are off for the run: the last failure's first line
@@ -192,7 +191,7 @@ class MicroBatchGraphs:
         shape.load(mb, norm)
         if self._should_record(shape):
             self._record(shape)
-        if shape.replay is not None and self.failed is None:
+        if shape.replay is not None:
             loss, sums = shape.replay()
             self.replayed += 1
             if last and self.reducer is not None:
@@ -207,7 +206,7 @@ class MicroBatchGraphs:
         for name, value in sums.items():  # copied out of the pool before another replay may reuse it
             stats.add(name, value)
         loss = loss.clone()
-        if self.ahead is not None and not self.ahead_done:  # right after the run's first micro-batch: in step 1
+        if self.ahead is not None:  # right after the run's first micro-batch: in step 1
             self._record_ahead(mb)
         return loss
 
@@ -216,10 +215,10 @@ class MicroBatchGraphs:
         they add exactly nothing to the gradient) before any such micro-batch comes. The eager run compiles what
         the shape needs: a narrow row can make the compiled layers recompile, and a compile cannot happen inside
         a recording (it syncs with the host; H100: every narrow shape recorded without it failed that way)."""
-        assert self.ahead is not None
-        self.ahead_done = True
+        ahead, self.ahead = self.ahead, None  # once a run
+        assert ahead is not None
         unit = Normaliser(1, 1)
-        for warm in self.ahead(mb):
+        for warm in ahead(mb):
             key = shape_key(warm)
             if key in self.shapes or self.failed is not None:
                 continue
