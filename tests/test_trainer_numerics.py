@@ -29,7 +29,9 @@ def group(scores, prompt_len=3, completion_len=4, seed=0, **extra) -> ScoredGrou
     return ScoredGroup(tokens=tokens, masks=masks, scores=list(scores), **extra)
 
 
-def test_chunked_logprobs_match_full_logits_values_and_gradients():
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_chunked_logprobs_match_full_logits_values_and_gradients(softcap):
+    """Also with a final-logit soft-cap (Gemma 2's cap * tanh(logits / cap)), whose slope backward applies."""
     torch.manual_seed(0)
     hidden = torch.randn(3, 7, 16, dtype=torch.float64).float().requires_grad_(True)
     weight = torch.randn(VOCAB, 16).requires_grad_(True)
@@ -38,13 +40,17 @@ def test_chunked_logprobs_match_full_logits_values_and_gradients():
     upstream = torch.randn(3, 7)
 
     inv_temps = (1.0 / temps)[:, None].expand(3, 7).reshape(-1)
-    flat = flat_token_logprobs(hidden.reshape(-1, 16), weight, targets.reshape(-1), inv_temps, chunk_size=5)
+    flat = flat_token_logprobs(
+        hidden.reshape(-1, 16), weight, targets.reshape(-1), inv_temps, chunk_size=5, softcap=softcap
+    )
     ours = flat.reshape(3, 7)  # 21 tokens: 5 chunks, the last one short
     (ours * upstream).sum().backward()
     g_h, g_w = hidden.grad.clone(), weight.grad.clone()
     hidden.grad, weight.grad = None, None
-    ref = naive_token_logprobs(hidden, weight, targets, temps)
+    ref = naive_token_logprobs(hidden, weight, targets, temps, softcap=softcap)
     (ref * upstream).sum().backward()
+    if softcap is not None:  # the cap changed the values: the check is not the uncapped one again
+        assert not torch.allclose(ref, naive_token_logprobs(hidden, weight, targets, temps), atol=1e-2)
 
     assert ours.dtype == torch.float32
     assert torch.allclose(ours, ref, atol=1e-5)

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from atropos_cli.attention import LayerVariant, masked_attention, sequence_attention, window_allows
+
 __all__ = ["compile_body", "ATTENTION_NAME", "VARLEN_NAME", "use_varlen", "varlen_attention", "flash_varlen"]
 
 ATTENTION_NAME = "atropos_sdpa"
@@ -90,9 +92,9 @@ def _no_size_guards() -> dict[str, Any]:
 
 def flash_varlen() -> Any:
     """torch's variable-length flash attention (`torch.nn.attention.varlen.varlen_attn`, torch >= 2.9) as
-    f(q, k, v, cu_seqlens, max_len, scale) on [tokens, heads, dim] tensors, or None where torch lacks it. Its
-    keyword arguments moved between torch versions (is_causal, then window_size=(-1, 0); enable_gqa), so they
-    are read off its signature once."""
+    f(q, k, v, cu_seqlens, max_len, scale, window) on [tokens, heads, dim] tensors, or None where torch lacks it.
+    Its keyword arguments moved between torch versions (is_causal, then window_size=(-1, 0); enable_gqa), so they
+    are read off its signature once. `attend.windows` says whether it takes a sliding window (window_size)."""
     import functools
     import inspect
 
@@ -101,18 +103,26 @@ def flash_varlen() -> Any:
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
-    # keyword sets chosen by the installed signature, so their types vary by torch version
-    causal: dict[str, Any] = {"is_causal": True} if "is_causal" in params else {"window_size": (-1, 0)}
+    windows = "window_size" in params
     gqa: dict[str, Any] = {"enable_gqa": True} if "enable_gqa" in params else {}
 
-    def attend(q: Any, k: Any, v: Any, cu: Any, max_len: int, scale: float | None, native: bool = True) -> Any:
+    def attend(
+        q: Any, k: Any, v: Any, cu: Any, max_len: int, scale: float | None, window: int | None = None,
+        native: bool = True,
+    ) -> Any:  # fmt: skip
         if k.shape[1] != q.shape[1] and not (native and NATIVE_GQA):  # one KV head per query head
             k, v = (x.repeat_interleave(q.shape[1] // x.shape[1], dim=1) for x in (k, v))
         extra = gqa if k.shape[1] != q.shape[1] else {}
+        # keyword sets chosen by the installed signature, so their types vary by torch version
+        # flash's window (left, 0) keeps keys within [p - left, p]: transformers' window w is left = w - 1
+        causal: dict[str, Any] = {"window_size": (window - 1 if window else -1, 0)} if windows else {"is_causal": True}
         return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
 
+    attend.windows = windows  # type: ignore[attr-defined]
     if "enable_gqa" not in params and not _native_gqa_works(attend):
-        return functools.partial(attend, native=False)
+        partial = functools.partial(attend, native=False)
+        partial.windows = windows  # type: ignore[attr-defined]
+        return partial
     return attend
 
 
@@ -145,17 +155,22 @@ _FLASH: list[Any] = [None]  # flash_varlen(), resolved by use_varlen (never whil
 NATIVE_GQA = True  # pass GQA's fewer KV heads straight to the kernel where it computes them right
 
 
-def _dense_varlen(q: Any, k: Any, v: Any, cu: Any, scale: float | None) -> Any:
-    """The same attention through SDPA and a dense block-diagonal causal mask: CPU, tests, no varlen kernel."""
+def _dense_varlen(q: Any, k: Any, v: Any, cu: Any, scale: float | None, variant: LayerVariant) -> Any:
+    """The same attention with a dense block-diagonal causal mask (within the layer's window): through SDPA, or
+    through the exact reference where the layer has sinks or soft-capped scores. CPU, tests, and layers the
+    varlen kernel cannot run."""
     import torch
 
     t = q.shape[0]
     positions = torch.arange(t, device=q.device)
     piece = torch.searchsorted(cu[1:].long(), positions, right=True)
-    mask = (piece[:, None] == piece[None, :]) & (positions[:, None] >= positions[None, :])
+    allowed = (piece[:, None] == piece[None, :]) & window_allows(positions[:, None], positions[None, :], variant.window)
     q, k, v = (x.transpose(0, 1)[None] for x in (q, k, v))  # [1, heads, t, dim]
+    if variant.sinks is not None or variant.softcap is not None:
+        scale = scale if scale is not None else q.shape[-1] ** -0.5
+        return masked_attention(q, k, v, allowed, scale, variant.sinks, variant.softcap)[0]
     out = torch.nn.functional.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
+        q, k, v, attn_mask=allowed, scale=scale, enable_gqa=k.shape[1] != q.shape[1]
     )
     return out[0].transpose(0, 1)
 
@@ -164,17 +179,19 @@ def varlen_attention(
     module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling: float | None = None, **kwargs: Any
 ) -> tuple[Any, None]:
     """transformers attention function for one packed row: causal attention within each piece that
-    `cu_seq_lens_q` delimits. query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None)."""
-    if kwargs.get("cu_seq_lens_q") is None:  # not a packed row (an eval forward, say): plain SDPA
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+    `cu_seq_lens_q` delimits, within the layer's sliding window, with its sinks and soft-cap where it has them.
+    query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None)."""
+    if kwargs.get("cu_seq_lens_q") is None:  # not a packed row (an eval forward, say)
+        return sequence_attention(module, query, key, value, attention_mask, scaling, **kwargs)
+    variant = LayerVariant.of(kwargs)
     cu, max_len = kwargs["cu_seq_lens_q"], kwargs["max_length_q"]
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
-    if q.is_cuda and _FLASH[0] is not None:
-        out = _FLASH[0](q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scaling)
+    flash = _FLASH[0]
+    exact_on_flash = flash is not None and variant.sinks is None and variant.softcap is None
+    if q.is_cuda and exact_on_flash and (variant.window is None or flash.windows):
+        out = flash(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scaling, variant.window)
     else:
-        out = _dense_varlen(q, k, v, cu, scaling)
+        out = _dense_varlen(q, k, v, cu, scaling, variant)
     return out[None], None
 
 

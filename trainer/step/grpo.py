@@ -35,7 +35,7 @@ from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch
 from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
-from .attention import compile_body, flash_varlen, use_varlen
+from .attention import VARLEN_NAME, compile_body, flash_varlen, use_varlen
 from .batching import Deferred, Sample, StaticShape, micro_batches, narrow_warmups, prepare, static_rows
 from .graphs import CudaRecorder, MicroBatchGraphs
 from .logprobs import flat_token_logprobs
@@ -98,6 +98,24 @@ def _body_and_head(model: Any) -> tuple[Any, Any]:
     return body, head.weight
 
 
+def _pieces(position_ids: Any) -> dict[str, Any]:
+    """varlen attention's keyword arguments for a packed row whose positions restart at 0 with each sample."""
+    import torch
+
+    starts = (position_ids[0] == 0).nonzero()[:, 0]
+    cu = torch.cat([starts, starts.new_tensor([position_ids.shape[1]])]).to(torch.int32)
+    longest = int((cu[1:] - cu[:-1]).max())
+    return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
+
+
+def _final_softcap(model: Any) -> float | None:
+    """The model's final-logit soft-cap (Gemma 2: logits = cap * tanh(h·Wᵀ / cap)), or None."""
+    if isinstance(model, lora.ReferenceView):
+        model = model.peft_model
+    config = lora.unwrap(model).config
+    return getattr(getattr(config, "text_config", None) or config, "final_logit_softcapping", None) or None
+
+
 PackMode = Literal["off", "rows", "static"]
 # How packed rows are compiled (benchmarks/bench_trainer.py compares the alternatives, results/trainer_gpu.md):
 # decoder layers one by one (the 24 layers share one graph: a first step of ~12 s instead of ~80-150 s for the
@@ -119,7 +137,8 @@ def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
     cuda = device.startswith("cuda")
     if not (cuda if pack is None else pack):
         return "off"
-    if not cuda:
+    if not cuda:  # rows through varlen attention's dense path: exact for every model (transformers' packed-
+        use_varlen(lora.unwrap(model))  # position mask is not built by every model, gpt-oss's for one)
         return "rows"
     model = lora.unwrap(model)
     try:
@@ -192,8 +211,8 @@ class GRPOTrainer:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
         elif self.loss_cfg.kl_beta > 0:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
-            if self.pack == "static":  # the reference reads the same packed rows
-                use_varlen(self.ref_model)
+            if getattr(lora.unwrap(self.model).config, "_attn_implementation", None) == VARLEN_NAME:
+                use_varlen(self.ref_model)  # the reference reads the same packed rows
         dtype = resolve_dtype(config.dtype, self.device)
         # the log-prob forward of the policy and of the reference: plain calls, or the FSDP roots (fsdp.py)
         self.policy: Any = functools.partial(self._logprobs, self.model)
@@ -269,6 +288,8 @@ class GRPOTrainer:
             inputs.update(max_length_q=mb.max_doc_len, max_length_k=mb.max_doc_len)
         elif mb.packed:  # no mask: attention is kept within each sample by the restarting position ids
             inputs["position_ids"] = mb.position_ids
+            if getattr(lora.unwrap(model).config, "_attn_implementation", None) == VARLEN_NAME:
+                inputs.update(_pieces(mb.position_ids))
         elif mb.padded:  # else no mask at all: attention takes the plain causal (flash) path
             inputs["attention_mask"] = mb.attention_mask
         with self.precision.autocast(self.device):
@@ -280,7 +301,9 @@ class GRPOTrainer:
         sink = self.precision.grad_sink(head_weight) if torch.is_grad_enabled() else None
         if sink is not None and isinstance(self.precision, Precision):
             self.precision.watch_sink(hidden, head_weight)
-        logp = flat_token_logprobs(hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink)
+        logp = flat_token_logprobs(
+            hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink, _final_softcap(model)
+        )
         out = torch.zeros(mb.loss_mask.numel(), dtype=logp.dtype, device=logp.device)
         return out.index_copy(0, mb.place, logp).view_as(mb.loss_mask)
 

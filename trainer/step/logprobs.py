@@ -122,9 +122,14 @@ def _chunks(n: int, size: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:], strict=False))
 
 
+def _softcapped(logits: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """cap * tanh(logits / cap): the final-logit soft-cap of models that have one (Gemma 2), in fp32."""
+    return logits if softcap is None else torch.tanh(logits / softcap) * softcap
+
+
 class _ChunkedLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, h, weight, targets, inv_temp, chunk_size, weight_grad):  # type: ignore[override]
+    def forward(ctx, h, weight, targets, inv_temp, chunk_size, weight_grad, softcap):  # type: ignore[override]
         n, dtype = h.shape[0], h.dtype
         w_t = weight.to(dtype).t()  # cast once per call, not per chunk (an fp32 master -> bf16 compute copy)
         out = torch.empty(n, dtype=torch.float32, device=h.device)
@@ -132,9 +137,10 @@ class _ChunkedLogprob(torch.autograd.Function):
         chunk_logp = _kernel("logp", h.device)
         for start, end in _chunks(n, chunk_size):
             temp = None if inv_temp is None else inv_temp[start:end]
-            out[start:end], lse[start:end] = chunk_logp(_mm(h[start:end], w_t, dtype), targets[start:end], temp)
+            logits = _softcapped(_mm(h[start:end], w_t, dtype), softcap)
+            out[start:end], lse[start:end] = chunk_logp(logits, targets[start:end], temp)
         ctx.save_for_backward(h, weight, targets, inv_temp, lse)
-        ctx.chunk_size, ctx.weight_grad = chunk_size, weight_grad
+        ctx.chunk_size, ctx.weight_grad, ctx.softcap = chunk_size, weight_grad, softcap
         return out
 
     @staticmethod
@@ -153,15 +159,21 @@ class _ChunkedLogprob(torch.autograd.Function):
         for start, end in _chunks(n, chunk):
             temp = None if inv_temp is None else inv_temp[start:end]
             logits = _mm(h[start:end], w.t(), dtype)  # recomputed: storing [n, vocab] would cost far more
+            slope = None
+            if ctx.softcap is not None:  # d(cap * tanh(x / cap)) / dx = 1 - tanh(x / cap)^2
+                logits = _softcapped(logits, ctx.softcap)
+                slope = 1 - (logits / ctx.softcap).square()
             dlogits = chunk_dlogits(logits, targets[start:end], temp, lse[start:end], grad_out[start:end], dtype)
-            del logits
+            if slope is not None:
+                dlogits = (dlogits.float() * slope).to(dtype)
+            del logits, slope
             if grad_h is not None:
                 grad_h[start:end] = _mm(dlogits, w, dtype).to(dtype)
             if grad_w is not None:
                 _add_mm_(grad_w, dlogits.t(), h[start:end], dtype)
         if ctx.weight_grad is not None or grad_w is None:
-            return grad_h, None, None, None, None, None
-        return grad_h, grad_w.to(weight.dtype), None, None, None, None
+            return grad_h, None, None, None, None, None, None
+        return grad_h, grad_w.to(weight.dtype), None, None, None, None, None
 
 
 def flat_token_logprobs(
@@ -171,18 +183,20 @@ def flat_token_logprobs(
     inv_temperature: torch.Tensor | None = None,
     chunk_size: int = DEFAULT_CHUNK,
     weight_grad: torch.Tensor | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """log softmax(h·Wᵀ / T)[target] for N positions: hidden [N, H], targets [N], inv_temperature [N] or None.
 
     `weight_grad`: an fp32 [V, H] buffer that backward adds the head's gradient into (autograd then gets none
-    for `weight`); None: the gradient goes to `weight.grad` the usual way."""
+    for `weight`); None: the gradient goes to `weight.grad` the usual way. `softcap`: the model's final-logit
+    soft-cap (logits = cap * tanh(h·Wᵀ / cap) before the temperature), where its config has one."""
     inv = None if inv_temperature is None else inv_temperature.to(torch.float32).contiguous()
-    return _ChunkedLogprob.apply(hidden, weight, targets.long(), inv, chunk_size, weight_grad)
+    return _ChunkedLogprob.apply(hidden, weight, targets.long(), inv, chunk_size, weight_grad, softcap)
 
 
-def naive_token_logprobs(hidden, weight, targets, temperature=None):
+def naive_token_logprobs(hidden, weight, targets, temperature=None, softcap=None):
     """The reference: full fp32 logits and log-softmax (used by tests and the benchmark's error check)."""
-    logits = hidden.float() @ weight.float().t()
+    logits = _softcapped(hidden.float() @ weight.float().t(), softcap)
     if temperature is not None:
         logits = logits / temperature.float().reshape(-1, *([1] * (targets.dim() - 1)), 1)
     return torch.log_softmax(logits, dim=-1).gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)

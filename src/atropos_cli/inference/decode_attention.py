@@ -28,6 +28,7 @@ from typing import Any
 __all__ = ["available", "decode_attention"]
 
 BLOCK_N = 64  # keys per inner iteration
+NO_WINDOW = 1 << 30  # the kernel's window when there is none: beyond any position
 
 
 @functools.cache
@@ -48,7 +49,8 @@ def _interpreted() -> bool:
 
 
 def op() -> Any:
-    """The registered custom op, to be called as op(q, prompt_k, ..., scale) (`decode_attention`'s arguments).
+    """The registered custom op, to be called as op(q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, sinks,
+    width, bucket, scale, window) (`decode_attention`'s arguments; no sinks: an empty tensor, no window: 0).
     Fetch it outside torch.compile's tracing (the engine does, when it builds its cache): the cached builder is
     a graph break for dynamo."""
     return _op()
@@ -72,22 +74,25 @@ def _op() -> Any:
         gen_v: torch.Tensor,
         prompt_len: torch.Tensor,
         gen_pos: torch.Tensor,
+        sinks: torch.Tensor,
         width: int,
         bucket: int,
         scale: float,
+        window: int,
     ) -> torch.Tensor:
         rows, hq, dim = q.shape
         hk = prompt_k.shape[1]
         r = hq // hk
         out = torch.empty((rows, hq, dim), dtype=q.dtype, device=q.device)
         wrap_triton(decode_kernel)[(rows, hk)](
-            q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, out,
+            q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, sinks, out,
             q.stride(0), q.stride(1),
             prompt_k.stride(0), prompt_k.stride(1), prompt_k.stride(2),
             gen_k.stride(0), gen_k.stride(1), gen_k.stride(2),
             out.stride(0), out.stride(1),
-            width, bucket, scale,
+            width, bucket, scale, window if window > 0 else NO_WINDOW,
             R=r, R_PAD=max(16, triton.next_power_of_2(r)), D=dim, BLOCK=BLOCK_N, UPCAST=_interpreted(),
+            HAS_SINKS=sinks.numel() > 0,
         )  # fmt: skip
         return out
 
@@ -105,10 +110,17 @@ def decode_attention(
     width: int,
     bucket: int,
     scale: float,
+    window: int | None = None,
+    sinks: Any = None,
 ) -> Any:
     """Attention of each row's query heads q [rows, hq, dim] over its group's prompt entries [0, prompt_len[g])
     and its own generation entries [0, gen_pos[row]] (at most `bucket`): [rows, hq, dim] in q's dtype.
+    `window`: only entries at positions > (prompt_len[g] + gen_pos[row]) - window (a sliding window);
+    `sinks` [hq]: one more logit per query head in the softmax's denominator (attention sinks).
 
     prompt_k/v [groups, hk, prompt_len_max, dim] and gen_k/v [rows, hk, gen_len, dim] must have a unit stride in
     their last dimension (the engine's blocks are contiguous); dim a power of two >= 16."""
-    return _op()(q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, width, bucket, scale)
+    import torch
+
+    sink = sinks if sinks is not None else torch.empty(0, dtype=torch.float32, device=q.device)
+    return _op()(q, prompt_k, prompt_v, gen_k, gen_v, prompt_len, gen_pos, sink, width, bucket, scale, window or 0)

@@ -39,9 +39,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from atropos_cli.attention import LayerVariant, sequence_attention
 from atropos_cli.inference.sampler import RowRequest, RowResult, cache_kwarg, eos_ids, stop_cut
 
-__all__ = ["StaticEngine", "EngineShape", "engine_shape", "group_attention", "kv_layout", "supports", "GROUP_ATTENTION"]
+__all__ = [
+    "StaticEngine", "EngineShape", "engine_shape", "group_attention", "kv_layout", "refusal", "supports",
+    "GROUP_ATTENTION",
+]  # fmt: skip
 
 GROUP_ATTENTION = "atropos_group"
 PREFILL_TOKENS = 32768  # padded prompt tokens per prefill forward
@@ -111,17 +115,30 @@ def kv_layout(config: Any) -> tuple[int, int]:
     return heads, dim
 
 
-def supports(model: Any) -> bool:
-    """Whether the engine can drive this model: decoder layers whose attention has a `layer_idx` and calls
-    transformers' attention interface, no sliding window."""
-    cfg = model.config
-    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        return False
+def refusal(model: Any) -> str | None:
+    """Why the engine cannot drive this model exactly (None: it can). It drives decoder layers whose attention has
+    a `layer_idx` and calls transformers' attention interface, with causal attention, sliding windows (uniform or
+    interleaved), attention sinks and soft-capped scores (`atropos_cli.attention`); a model it cannot drive
+    exactly runs on the loop sampler instead, never approximately."""
+    from atropos_cli.attention import describe
+
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
-        return False
+        return "no `model.layers` decoder stack"
     attn = getattr(layers[0], "self_attn", None)
-    return attn is not None and hasattr(attn, "layer_idx")
+    if attn is None or not hasattr(attn, "layer_idx"):
+        return "its attention layers have no `layer_idx` (not transformers' attention interface)"
+    facts = describe(model)
+    if facts.bidirectional:
+        return "bidirectional attention"
+    if facts.chunked:
+        return "chunked attention"
+    return None
+
+
+def supports(model: Any) -> bool:
+    """Whether the engine can drive this model exactly (`refusal` gives the reason when not)."""
+    return refusal(model) is None
 
 
 # How decode attention runs: "triton" (one kernel over both blocks, `decode_attention.py`), "fused" (torch's
@@ -142,10 +159,11 @@ def attention_kind(is_cuda: bool) -> str:
     return "triton" if available() else "fused"
 
 
-def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool) -> tuple[Any, Any]:
+def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool, softcap: float | None):
     """Attention of q [B, H, Lq, D] over the entries of k/v [B, H, Lk, D] that `mask` [B, Lk] allows: (output in
-    fp32 [B, H, Lq, D], log-sum-exp of the scaled scores [B, H, Lq]). Fused: torch's memory-efficient kernel
-    with an additive bias [B, 1, 1, Lk] (0 or -inf), which returns its log-sum-exp."""
+    fp32 [B, H, Lq, D], log-sum-exp of the scaled scores [B, H, Lq]; -inf where no entry is allowed, and then the
+    output is 0). Fused: torch's memory-efficient kernel with an additive bias [B, 1, 1, Lk] (0 or -inf), which
+    returns its log-sum-exp (no soft-cap: a soft-capped model decodes on the plain path)."""
     import torch
 
     if fused:
@@ -154,12 +172,17 @@ def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: 
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(
             q.contiguous(), k, v, full, True, 0.0, False, scale=scale
         )[:2]
-        return out.float(), lse[:, :, :lq]
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
-    scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
-    lse = torch.logsumexp(scores, -1)
-    probs = torch.exp(scores - lse[..., None])
-    return torch.matmul(probs.to(q.dtype), v).float(), lse
+        out, lse = out.float(), lse[:, :, :lq]
+    else:
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
+        lse = torch.logsumexp(scores, -1)
+        probs = torch.exp(scores - lse[..., None])
+        out = torch.matmul(probs.to(q.dtype), v).float()
+    empty = ~mask.any(-1)[:, None, None]  # a window past every entry of this part (or a free slot)
+    return out.masked_fill(empty[..., None], 0.0), lse.masked_fill(empty, float("-inf"))
 
 
 def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, scaling=None, **kw: Any):
@@ -168,23 +191,25 @@ def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     query [S, Hq, 1, D] (S = groups x width rows); the blocks come from `atropos_kv` (a `GroupCache`). The group's
     n rows x (query heads per KV head) attend to the shared prompt block as one batch of query rows, each row to
     its own generation block; the two parts are merged by their log-sum-exps: exactly softmax attention over
-    prompt + generated tokens. Anything else (prefill) goes to SDPA."""
+    prompt + generated tokens. A layer's sliding window narrows both parts' masks (or the kernel's ranges), sinks
+    join the merge's denominator, soft-capped scores decode on the plain path. Anything else (a prefill) goes to
+    `attention.sequence_attention`."""
     import torch
 
     kv = kw.pop("atropos_kv", None)
     if kv is None or query.shape[2] != 1:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, **kw)
+        return sequence_attention(module, query, key, value, attention_mask, scaling, **kw)
+    variant = LayerVariant.of(kw)
     layer = module.layer_idx
     s, hq, _, d = query.shape
     hk, n = kv.heads, kv.width
     g, r = s // n, hq // hk
     scale = scaling if scaling is not None else d**-0.5
     if kv.decode_op is not None:  # the Triton kernel (fetched when the cache was built: no graph break here)
+        sinks = variant.sinks.float() if variant.sinks is not None else kv.no_sinks
         out = kv.decode_op(
             query[:, :, 0, :], kv.prompt_k[layer], kv.prompt_v[layer], kv.gen_k[layer], kv.gen_v[layer],
-            kv.prompt_len, kv.gen_pos, n, kv.bucket, scale,
+            kv.prompt_len, kv.gen_pos, sinks, n, kv.bucket, scale, variant.window or 0,
         )  # fmt: skip
         return out.reshape(s, 1, hq, d), None
     fused = kv.attention == "fused"
@@ -192,17 +217,25 @@ def group_attention(module: Any, query: Any, key: Any, value: Any, attention_mas
     qg = q.reshape(g, n, hk, r, d).permute(0, 2, 1, 3, 4).reshape(g, hk, n * r, d)
     bucket = kv.bucket
     gen_k, gen_v = kv.gen_k[layer][:, :, :bucket], kv.gen_v[layer][:, :, :bucket]
-    o1, lse1 = _partial(qg, kv.prompt_k[layer], kv.prompt_v[layer], kv.prompt_mask, kv.prompt_bias, scale, fused)
-    o2, lse2 = _partial(q, gen_k, gen_v, kv.gen_mask, kv.gen_bias, scale, fused)
+    prompt_mask, gen_mask, prompt_bias, gen_bias = kv.masks(variant.window)
+    softcap = variant.softcap
+    o1, lse1 = _partial(qg, kv.prompt_k[layer], kv.prompt_v[layer], prompt_mask, prompt_bias, scale, fused, softcap)
+    o2, lse2 = _partial(q, gen_k, gen_v, gen_mask, gen_bias, scale, fused, softcap)
 
     def to_rows(t: Any) -> Any:  # [G, hk, n*r, ...] -> [S, hk, r, ...]
         tail = t.shape[3:]
         return t.reshape(g, hk, n, r, *tail).transpose(1, 2).reshape(s, hk, r, *tail)
 
     lse1 = to_rows(lse1)
-    m = torch.maximum(lse1, lse2)
+    m = torch.maximum(lse1, lse2)  # finite: a row always sees its own new token
     w1, w2 = torch.exp(lse1 - m)[..., None], torch.exp(lse2 - m)[..., None]
-    out = (to_rows(o1) * w1 + o2 * w2) / (w1 + w2)
+    total = w1 + w2
+    if variant.sinks is not None:  # one more logit per query head in the denominator
+        sink = variant.sinks.float().reshape(1, hk, r)
+        shift = torch.exp(m - torch.maximum(m, sink))[..., None]
+        w1, w2 = w1 * shift, w2 * shift
+        total = w1 + w2 + torch.exp(sink - torch.maximum(m, sink))[..., None]
+    out = (to_rows(o1) * w1 + o2 * w2) / total
     return out.reshape(s, 1, hq, d).to(query.dtype), None
 
 
@@ -221,7 +254,9 @@ class GroupCache:
 
     is_compileable = True
 
-    def __init__(self, layers: int, shape: EngineShape, heads: int, dim: int, dtype: Any, device: Any):
+    def __init__(
+        self, layers: int, shape: EngineShape, heads: int, dim: int, dtype: Any, device: Any, plain: bool = False
+    ):
         import torch
 
         p_shape = (shape.groups, heads, shape.prompt_len, dim)
@@ -239,7 +274,9 @@ class GroupCache:
         self.dtype = dtype
         self.gen_pos = torch.zeros(shape.slots, dtype=torch.long, device=device)
         self.bucket = shape.gen_len  # a host int: the generation entries a step reads (one graph per value)
-        self.attention = attention_kind(torch.device(device).type == "cuda")
+        # soft-capped scores: only the plain path caps them (the kernels take raw scores)
+        self.attention = "plain" if plain else attention_kind(torch.device(device).type == "cuda")
+        self.no_sinks = torch.empty(0, dtype=torch.float32, device=device)
         self.decode_op = None
         if self.attention == "triton":
             from atropos_cli.inference import decode_attention
@@ -256,6 +293,17 @@ class GroupCache:
         self.gen_mask = self.gen_pos_range[None, : self.bucket] <= self.gen_pos[:, None]
         self.prompt_bias = _bias(self.prompt_mask, self.dtype)
         self.gen_bias = _bias(self.gen_mask, self.dtype)
+
+    def masks(self, window: int | None) -> tuple[Any, Any, Any, Any]:
+        """(prompt mask, generation mask, their biases) of this step for a layer with this sliding window: only
+        entries at positions > p - window for a row whose new token sits at p = prompt_len + gen_pos. A group's
+        live rows share their position (its rows start together); a finished row's output is never read."""
+        if window is None:
+            return self.prompt_mask, self.gen_mask, self.prompt_bias, self.gen_bias
+        latest = self.gen_pos.view(-1, self.width).amax(1)  # per group
+        prompt = self.prompt_mask & (self.prompt_pos[None, :] > (self.prompt_len + latest - window)[:, None])
+        gen = self.gen_mask & (self.gen_pos_range[None, : self.bucket] > (self.gen_pos - window)[:, None])
+        return prompt, gen, _bias(prompt, self.dtype), _bias(gen, self.dtype)
 
     def update(self, key: Any, value: Any, layer_idx: int, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
         self.gen_k[layer_idx][self.rows, :, self.gen_pos] = key[:, :, 0]
@@ -415,7 +463,11 @@ class StaticEngine:
         self.device = model.device
         self.cache_kw = cache_kwarg(model)
         heads, dim = kv_layout(cfg)
-        self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device)
+        from atropos_cli.attention import describe
+
+        self.facts = describe(model)
+        plain = self.facts.attn_softcap is not None
+        self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device, plain)
         self.eos = sorted(eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos or [0])[0]
         _use_group_attention(model)
