@@ -14,6 +14,13 @@ sync_s, the rest of the step's wall time (env scoring, batching, the trainer's b
 (the engine batches a step's rollouts took: 1 when the step's 32 x 8 rows came together).
 
     python benchmarks/bench_generation.py --loop-only --loop-steps 5   # only the loop split (loop_split.sh)
+
+Model families (`--family`, published shapes of `atropos_cli.families`, full depth, random weights, bf16): per
+shape, the engine's exactness on the card (raw logprobs of rows running past the sliding window against the
+family's own transformers attention), then ours (8 rollouts a prompt, compiled step, default decode attention)
+beside transformers `generate` at each batch size, and tokens/s x parameters:
+
+    python benchmarks/bench_generation.py --family Qwen2.5-0.5B,Qwen3-0.6B,Gemma-3-1B --batches 64,512 --out f.md
 """
 
 from __future__ import annotations
@@ -159,6 +166,98 @@ def check_contract(model, device: str, vocab: int) -> list[str]:
     ]
 
 
+def family_exactness(model, device: str, window: int | None) -> float:
+    """Max |engine raw logprob - the family's own attention forward| over greedy and sampled rows whose prompt
+    and completion together run past the sliding window (bf16 on the card: rounding, not a wrong mask)."""
+    from atropos_cli.inference.engine import StaticEngine, engine_shape
+    from atropos_cli.inference.sampler import RowRequest
+
+    vocab = model.config.vocab_size
+    prompt_len = (window or 96) + 40
+    gen = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, vocab, (prompt_len + 9 * i,), generator=gen).tolist() for i in range(2)]
+    rows = [RowRequest(prompt_ids=p, max_new_tokens=48, temperature=t, seed=i) for p in prompts for i, t in
+            enumerate((0.0, 1.0))]  # fmt: skip
+    own = model.config._attn_implementation
+    out = StaticEngine(model, IdTokenizer(), engine_shape(rows, 8), compile_step=False).run(rows)
+    model.set_attn_implementation(own)
+    worst = 0.0
+    for row, result in zip(rows, out, strict=True):
+        ids = row.prompt_ids + result.token_ids
+        with torch.inference_mode():
+            logits = model(torch.tensor([ids], device=device)).logits[0].float()
+        ref = torch.log_softmax(logits[len(row.prompt_ids) - 1 : -1], -1)
+        ref = ref.gather(1, torch.tensor(result.token_ids, device=device)[:, None])[:, 0].cpu()
+        worst = max(worst, float((ref - torch.tensor(result.logprobs)).abs().max()))
+    return worst
+
+
+def family_rows(args) -> list[str]:
+    """The `--family` table: each published shape's exactness and speed, ours beside `generate`."""
+    import transformers
+
+    from atropos_cli import families
+    from atropos_cli.attention import describe
+    from atropos_cli.inference.engine import refusal
+
+    name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    lines = [
+        f"# model families: {name}, torch {torch.__version__}, transformers {transformers.__version__}",
+        f"random weights, bf16, full depth; {args.prompt_tokens}-token prompts, {args.new_tokens} sampled tokens a "
+        "row, 8 rows a prompt, temperature 1; ours = the static engine, compiled step, default decode attention",
+        "",
+        "| shape | params | attention | engine | max abs logprob diff vs own attention, past the window | batch "
+        "| ours tok/s | ours first call s | generate tok/s | ours / generate | tok/s x B params |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    print("\n".join(lines), flush=True)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    for shape in args.family.split(","):
+        try:
+            model = families.build(shape, dtype=dtype, device=args.device)
+        except Exception as exc:  # one shape that does not fit this card still lets the rest run
+            lines.append(f"| {shape} | | | build failed: {type(exc).__name__}: {str(exc)[:160]} | | | | | | | |")
+            print(lines[-1], flush=True)
+            continue
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        billions = sum(p.numel() for p in model.parameters()) / 1e9
+        facts, refused = describe(model), refusal(model)
+        windows = [w for w in facts.windows if w]
+        engine = "yes" if refused is None else f"no: {refused}"
+        try:
+            exact = f"{family_exactness(model, args.device, max(windows) if windows else None):.3g}"
+        except Exception as exc:
+            exact = f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+        own = model.config._attn_implementation
+        for batch in (int(b) for b in args.batches.split(",")):
+            prompts = batch_prompts(model.config.vocab_size, batch, args.prompt_tokens)  # row i: prompt i // 8
+            try:
+                tps, first, _ = ours(model, prompts, args.new_tokens, args.device, 8, None)
+                cell = f"{tps:,.0f} | {first:.1f}"
+            except Exception as exc:
+                tps, cell = None, f"failed: {type(exc).__name__}: {str(exc)[:160]} | "
+            torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+            hf = None
+            if not args.no_generate:
+                model.set_attn_implementation(own)
+                try:
+                    hf = hf_generate(model, prompts, args.new_tokens, args.device, 8)
+                except torch.OutOfMemoryError:
+                    hf = None
+                torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+            ratio = f"{tps / hf:.1f}x" if tps and hf else "-"
+            per = f"{tps * billions:,.0f}" if tps else "-"
+            lines.append(
+                f"| {shape} | {billions:.2f}B | {facts.kind} | {engine} | {exact} | {batch} | {cell} | "
+                f"{f'{hf:,.0f}' if hf else '-'} | {ratio} | {per} |"
+            )
+            print(lines[-1], flush=True)
+        del model
+        torch.cuda.empty_cache() if args.device.startswith("cuda") else None
+    return lines
+
+
 def loop_split(args) -> list[str]:
     """`atropos train arithmetic` on the 0.5B shape (tiny tokenizer's vocabulary), its metrics per step."""
     from atropos_cli.inference.tokenizer import load_tokenizer
@@ -231,8 +330,12 @@ def main() -> None:
     parser.add_argument("--loop-steps", type=int, default=3)
     parser.add_argument("--loop-timeout", type=float, default=None, help="stop the loop after this many seconds")
     parser.add_argument("--loop-only", action="store_true", help="only the one-command loop split")
+    parser.add_argument("--family", default=None, help="published shapes to run, comma-separated (families.py)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    if args.family:
+        _emit(family_rows(args), args.out)
+        return
     if args.loop_only:
         _emit(loop_split(args), args.out)
         return
