@@ -12,7 +12,7 @@ TF32 off). The model is Qwen2.5-0.5B-shaped with random weights built from a con
 
 `--isolate` runs every row in a fresh process of its own (`--repeat` times, the median reported with the range):
 on an H100 the first trainer row of a process ran up to ~8% slower than the same code in its third row, and
-fresh processes of the same code spread 88.7-97.4k tok/s on mixed lengths (results/trainer_gpu.md, session 10),
+fresh processes of the same code spread 88.7-97.4k tok/s on mixed lengths (docs/benchmarks-history.md, 8a58fa7),
 so rows that share a process, or one process a row, do not support a difference of a few percent.
 
 For the Atropos rows, atroposlib==0.4.0's wheel (it holds `example_trainer`) and its import-time needs that the

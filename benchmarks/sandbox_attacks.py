@@ -1,5 +1,5 @@
 """Attack the code sandbox in every isolation mode this machine gives and print what each attack got (the table
-in the README's Security section comes from here).
+in docs/security.md comes from here).
 
     .venv/bin/python benchmarks/sandbox_attacks.py [--modes bwrap,unshare,none,unshare-nolandlock,none-nolandlock]
 

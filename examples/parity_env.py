@@ -1,4 +1,4 @@
-"""A whole env in a few lines: `atropos process examples/parity_env.py --num-groups 8` (see README)."""
+"""A whole env in a few lines: `atropos process examples/parity_env.py --num-groups 8` (docs/envs.md)."""
 
 import random
 

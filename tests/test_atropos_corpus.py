@@ -4,7 +4,7 @@ cached under /tmp; never committed), is constructed under our layer the way `atr
 its first request: import, `config_init()`, the class built with its configs (tests/atropos_corpus_driver.py).
 
 - Every file constructs, has no env class (a helper, a launcher, a test), or is listed in EXPECTED with the
-  reason and the text of its one-line error. The count is the README's (Porting an Atropos env).
+  reason and the text of its one-line error. The count is the docs' (docs/envs-atropos.md, checked below).
 - With atroposlib 0.4.0's venv (ATROPOSLIB_PYTHON, as CI builds it) the same driver constructs each file under
   the real atroposlib (results cached under /tmp: neither side of that run changes with our code), and every
   file that atroposlib constructs must construct under ours. The files atroposlib itself cannot load are
@@ -35,7 +35,8 @@ CACHE = Path(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache")
 DRIVER = Path(__file__).parent / "atropos_corpus_driver.py"
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
 TOTAL_FILES = 142
-CONSTRUCTED = 89  # the README's number: files whose env classes all construct under `atropos process` (atroposlib: 68)
+# docs/envs-atropos.md's number: files whose env classes all construct under `atropos process` (atroposlib: 68)
+CONSTRUCTED = 89
 
 _PKG = "not installed by atropos[atroposlib]: "
 # file -> (why, a text its one-line error must contain). Every file not listed constructs or has no env class.
@@ -178,7 +179,7 @@ def test_every_env_file_constructs_under_atropos(ours: dict[str, dict[str, Any]]
             surprises.append(f"{file}: {result['status']} {error}")
     assert not surprises, "\n".join(surprises)
     constructed = sum(r["status"] == "ok" for r in ours.values())
-    assert constructed >= CONSTRUCTED, f"{constructed} of {TOTAL_FILES} construct; the README says {CONSTRUCTED}"
+    assert constructed >= CONSTRUCTED, f"{constructed} of {TOTAL_FILES} construct; the docs say {CONSTRUCTED}"
 
 
 def test_every_error_is_one_line_naming_the_file_and_line(ours: dict[str, dict[str, Any]]) -> None:
@@ -206,3 +207,9 @@ def test_what_atroposlib_constructs_ours_constructs(
         cause: sorted(f for f, r in reference.items() if cause in (r["error"] or "")) for cause in BROKEN_UPSTREAM
     }
     assert all(upstream.values()), f"a documented atroposlib breakage no longer shows: {upstream}"
+
+
+def test_the_docs_state_the_constructed_count():
+    """docs/envs-atropos.md's corpus count is CONSTRUCTED of TOTAL_FILES (this file checks the count itself)."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "envs-atropos.md").read_text()
+    assert f"**{CONSTRUCTED} of {TOTAL_FILES} construct**" in page

@@ -19,7 +19,7 @@ from atropos_cli.cli.app import app
 from atropos_cli.resources import resolve_model_path
 
 TOKENIZER = resolve_model_path("atropos-tiny-arith")
-# the README's sed (Porting an Atropos env): atroposlib -> our layer; `import wandb` -> wandb or its stand-in
+# the sed of docs/envs-atropos.md: atroposlib -> our layer; `import wandb` -> wandb or its stand-in
 SED = [
     "-e", r"s/\batroposlib\b/atropos_cli.compat.atroposlib/g",
     "-e", r"s/^import wandb$/from atropos_cli.compat.atroposlib.envs._wandb import wandb/",

@@ -1,4 +1,4 @@
-"""One exit-code table for every command (errors.py, README "Exit codes"): 2 usage/config/input, 1 runtime."""
+"""One exit-code table for every command (errors.py, docs/concepts.md "Exit codes"): 2 usage/config/input, 1 runtime."""
 
 from __future__ import annotations
 

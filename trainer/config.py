@@ -293,7 +293,7 @@ def host_threads(device: str, current: int, env: Mapping[str, str]) -> int | Non
     On CUDA, HOST_THREADS: the host collates micro-batches and queues the GPU's work, small tensors that many
     OpenMP threads only slow down. Measured on an H100 of a 64-core host (torch's default: 64 threads), the same
     mixed-length benchmark gave 90.8-101.0k tokens/s against 106.1-106.3k with 4 (equal lengths 109.4k against
-    114.0k; benchmarks/results/trainer_gpu.md, session 12). OMP_NUM_THREADS set by the user wins; on a CPU the
+    114.0k; benchmarks/results/trainer_gpu.md, 2026-11-27, d4e80d1). OMP_NUM_THREADS set by the user wins; on a CPU the
     threads do the training, so torch's default stays."""
     user_set = "OMP_NUM_THREADS" in env and env.get(AUTO_THREADS) != "1"
     if not device.startswith("cuda") or user_set or current <= HOST_THREADS:

@@ -7,7 +7,7 @@ server, the `rollout` index, the `env` name. The CLI prints them (never a traceb
     error: groups.jsonl:3: not valid JSON (Expecting value)
     hint: fix or delete that line, or read without --strict
 
-Exit codes, the same for every command (README, "Exit codes"):
+Exit codes, the same for every command (docs/concepts.md, "Exit codes"):
 
     0    success
     1    a runtime failure: the command started and the work failed (a server unreachable or answering

@@ -13,7 +13,7 @@ each parameter: `benchmarks/results/fsdp_gpu.md`), which a 0.5B step, already ho
 replicated step is the one-process step plus the gradient all-reduce, at the price of the whole training state
 on every GPU (18 bytes a parameter, bf16-pure). Measured on 4 x H100 (NVLink), tokens/s per GPU against one
 process: BEFORE the overlap (one all-reduce after the backward) 0.5B at 2 ranks replicate 89% vs FSDP 71%, at 4
-ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. WITH the overlap (session 8, an
+ranks replicate 64% vs FSDP 69%; 1.5B at 4 ranks replicate 82% vs FSDP 99%. WITH the overlap (2026-11-27, an
 otherwise idle host): 0.5B replicate 94.9% at 2 ranks and 102.0% at 4, FSDP 75.1% at 4. So "auto" replicates a
 model under REPLICATE_MAX_PARAMS parameters on up to REPLICATE_MAX_WORLD ranks (the most measured) and shards
 the rest.

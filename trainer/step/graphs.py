@@ -11,7 +11,7 @@ Why: on an H100 a mixed-length step of the 0.5B model was host-bound (benchmarks
 ~9k kernel launches a step through 24 compiled layers, forward and backward, each call costing the host its
 guards, its autograd wrapper and inductor's Python launches; the GPU idled ~30% of the step. A replay is one
 launch: the host queues a whole micro-batch in microseconds and runs ahead, so the step becomes GPU-bound.
-(Inductor's per-layer graph trees were tried in session 8 and were slower: their per-call bookkeeping stays on
+(Inductor's per-layer graph trees were tried (2026-11-27, 22d5d97) and were slower: their per-call bookkeeping stays on
 the host. This records the whole micro-batch, outside any compiled function.)
 
 A shape's life: the run's first micro-batch runs eagerly (it compiles and loads every kernel: nothing may

@@ -148,8 +148,7 @@ class VerifiersEnv(SimpleEnv):
         if missing:
             raise ConfigError(
                 f"vf:{cls.taskset_id} needs {'; '.join(missing)}: not supported by the vf: adapter",
-                hint="the vf: adapter runs single-turn tasks scored by their own rewards (README: Envs from other "
-                "frameworks)",
+                hint="the vf: adapter runs single-turn tasks scored by their own rewards (docs/envs-verifiers.md)",
             )
 
     def _vf_env(self) -> Any:

@@ -50,7 +50,7 @@ def port_command(
     for finding in report.notes:
         console.print(f"  {file}:{finding.line}: note: {finding.message}", style="yellow", soft_wrap=True, markup=False)
     if report.missing:
-        raise fail(f"{len(report.missing)} atroposlib names are not provided", hint="see README: Porting")
+        raise fail(f"{len(report.missing)} atroposlib names are not provided", hint="see docs/envs-atropos.md")
     console.print("  every atroposlib name it imports is provided")
     if run:
         _live_check(file, list(ctx.args), base_url)

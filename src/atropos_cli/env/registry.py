@@ -211,7 +211,7 @@ def _import_error(path: Path, exc: ImportError) -> EnvLoadError:
         message = f"{where}: {(str(exc).strip().splitlines() or [type(exc).__name__])[0]}"
     top = module.split(".")[0]
     if top == "atroposlib":
-        hint = "atropos implements atroposlib 0.4.0's env surface; this name is not part of it (see README: Porting)"
+        hint = "atropos implements atroposlib 0.4.0's env surface; this name is not part of it (docs/envs-atropos.md)"
     elif found or not top:
         hint = "fix the import, or install the version of the package that provides this name"
     else:

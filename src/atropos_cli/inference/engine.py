@@ -426,7 +426,7 @@ def _argmax(x: Any) -> Any:
     best, where = x.view(rows, chunks, vocab // chunks).max(-1)
     chunk = best.argmax(-1)
     # the winning chunk's index picked by a mask, not a gather: inductor (torch 2.11) failed to compile the
-    # gather's bounds check nested in the sampler's own gather of the token's logit (H100, session 9)
+    # gather's bounds check nested in the sampler's own gather of the token's logit (H100, 2026-11-27)
     picked = torch.where(torch.arange(chunks, device=x.device) == chunk[:, None], where, 0).sum(-1)
     return chunk * (vocab // chunks) + picked
 

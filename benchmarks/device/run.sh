@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# The GPU measurements, one driver with named rounds. Run on a GPU machine from the repository root, with $OUT an
+# empty folder for the results and this package's wheel (plus any wheels the machine lacks) in .whl/, built here
+# just before with `pip wheel --no-deps . -w .whl`:
+#
+#     bash benchmarks/device/run.sh ROUND                 one round, on the GPUs the machine has
+#     bash benchmarks/device/run.sh ROUND@GPUS ...        several rounds side by side, each on its own GPUs
+#                                                         (e.g. trainer@0 engine-profile@1 async@2,3), each with
+#                                                         its own time limit (LIMIT seconds, default 400)
+#
+# Each round writes its tables to $OUT/ROUND/ and prints them; a round cut short keeps what it finished. Results
+# files in benchmarks/results/ name the round they came from. Rounds (one GPU unless marked):
+#
+#   trainer          bench_trainer.py --isolate: the trainer's defaults, mixed and equal lengths, each row in
+#                    REPEAT (2) fresh processes, WARMUP (40) warm-up and STEPS (10) timed steps; then Atropos'
+#                    example_trainer on the same card (ATROPOS=0 skips it). MIXED= / EQUAL= add rows
+#                    (bench_trainer.parse_variant specs, comma-separated; e.g. a 32k micro-batch:
+#                    MIXED=a:0:a:auto:a,32768:0:a:auto:a).
+#   graphs           CUDA graphs of whole micro-batches: the numerics check against eager steps (check_graphs.py),
+#                    then the defaults (graphs) against knob g (no graphs), mixed and equal, in fresh processes.
+#   trainer-profile  profile_timeline.py: the trainer's step phase by phase, mixed then equal lengths.
+#   generation       bench_generation.py: the rollout engine at GEN_BATCHES (512,64) for GEN_VARIANTS (8:1:t, the
+#                    Triton decode kernel) beside transformers generate, with the logprob contract checked.
+#   engine-profile   profile_engine.py at ENGINE_BATCHES (64,512): a decode step split into graph replays and
+#                    host work, its kernels by kind.
+#   loop-split       the one-command loop on the 0.5B shape (`atropos train arithmetic`, 32 groups x 8 a step,
+#                    LOOP_STEPS (5) steps): generation / scoring / training / weight sync / engine batches a step.
+#   async            (2 GPUs) bench_async.py: a smoke row, then the colocated sync loop against async 1 (1 trainer
+#                    + 1 engine GPU, --max-staleness 1) for MODELS (0.5b; tiny: the shipped model, which learns)
+#                    on ENVS (arithmetic,count), STEPS (12) steps after 2 warm-up ones; LONG (384): the count
+#                    env's token budget.
+#   fsdp             (2-4 GPUs) bench_fsdp.py weak scaling: a one-step smoke row, then ROWS (plain,0.5b:2,0.5b:4,
+#                    1.5b:4,3b:4; `:fsdp`/`:replicate` force a mode, `:detail` prints per-rank timings, `:prof` a
+#                    profile, `:mbtN` the micro-batch), WARMUP (2) + STEPS (3) a row.
+#   fsdp-variants    (4 GPUs) the one-GPU FSDP overhead, variant by variant, one GPU each, and a profiled step.
+#   replicas         (4 GPUs) replicas replaying CUDA graphs: check_graphs.py with 2 replicas and with one
+#                    process, bench_trainer's early steps with the narrow shapes recorded ahead against knob n
+#                    (CHECK=0 skips these), then bench_fsdp.py ROWS (plain,0.5b:2,0.5b:4) after WARMUP (30)
+#                    warm-up steps, STEPS (10) timed.
+#   fsdp-large       (4 GPUs) the 7B shape under FSDP: full fine-tuning (--grad-sync micro-batch) and LoRA r=16.
+#   loop-four        (4 GPUs) `atropos train arithmetic --nproc-per-node 4`, LOOP_STEPS (100) steps, wall time.
+#   two-nodes        (4 GPUs) two torchrun launchers of 2 GPUs each (--nnodes 2) against one launcher of 4, same
+#                    rollouts and flags: both loss curves and their largest difference.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+: "${OUT:?set OUT to an empty folder for the results}"
+ROUNDS="trainer graphs trainer-profile generation engine-profile loop-split async fsdp fsdp-variants replicas
+fsdp-large loop-four two-nodes"
+D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
+quiet() { grep -v "^W1\|Warning\|warn" || true; }
+
+setup() {  # this package's wheel (and any the machine lacks) from .whl/, first on PYTHONPATH; NVLink multicast off
+    export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+        || { echo "error: cannot install the wheels in .whl/ (build them with: pip wheel --no-deps . -w .whl)" >&2; exit 2; }
+    export PYTHONPATH=/tmp/site
+    nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+}
+
+round_trainer() {
+    export TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+    python3 benchmarks/bench_trainer.py --isolate --repeat "${REPEAT:-2}" --steps "${STEPS:-10}" \
+        --warmup "${WARMUP:-40}" --lengths mixed,equal --no-grad-check --ours-mixed "${MIXED:-$D}" \
+        --ours-equal "${EQUAL:-$D}" --atropos "" --out "$OUT/trainer.md" > "$OUT/trainer.log" 2>&1
+    cat "$OUT/trainer.md" 2>/dev/null || quiet < "$OUT/trainer.log" | tail -30
+    grep "^  ours" "$OUT/trainer.log"  # each run's tokens/s and timed step times
+    if [ "${ATROPOS:-1}" = 1 ]; then
+        python3 benchmarks/bench_trainer.py --steps 9 --warmup 3 --lengths mixed,equal --no-grad-check \
+            --ours-mixed "" --ours-equal "" --atropos 32:1 --out "$OUT/atropos.md" > "$OUT/atropos.log" 2>&1
+        grep "^| Atropos" "$OUT/atropos.md" 2>/dev/null || quiet < "$OUT/atropos.log" | tail -10
+    fi
+}
+
+round_graphs() {
+    export TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+    python3 benchmarks/check_graphs.py --steps "${CHECK_STEPS:-5}" > "$OUT/check.md" 2> "$OUT/check.err"
+    echo "check rc=$?"; cat "$OUT/check.md"; quiet < "$OUT/check.err" | tail -8
+    python3 benchmarks/bench_trainer.py --isolate --repeat "${REPEAT:-2}" --steps "${STEPS:-9}" \
+        --warmup "${WARMUP:-3}" --lengths mixed,equal --no-grad-check --ours-mixed "${MIXED:-$D,$D:-:0:g}" \
+        --ours-equal "${EQUAL:-$D,$D:-:0:g}" --atropos "" --out "$OUT/trainer.md" > "$OUT/trainer.log" 2>&1
+    cat "$OUT/trainer.md" 2>/dev/null || quiet < "$OUT/trainer.log" | tail -30
+    grep "^  ours\|CUDA graphs\|Error\|error" "$OUT/trainer.log" | head -40
+}
+
+round_trainer_profile() {
+    python3 benchmarks/profile_timeline.py --variant "$D" --mixed --out "$OUT/prof_mixed" > "$OUT/prof_mixed.log" 2>&1
+    python3 benchmarks/profile_timeline.py --variant "$D" --out "$OUT/prof_equal" > "$OUT/prof_equal.log" 2>&1
+    rm -f "$OUT"/prof_*/*.json*  # the traces are too large to bring back
+    echo "== mixed"; quiet < "$OUT/prof_mixed.log" | head -80
+    echo "== equal"; quiet < "$OUT/prof_equal.log" | head -60
+}
+
+round_generation() {
+    python3 benchmarks/bench_generation.py --batches "${GEN_BATCHES:-512,64}" --variants "${GEN_VARIANTS:-8:1:t}" \
+        --contract-attention t --old-loop-batches none --no-loop --out "$OUT/generation.md" > "$OUT/gen.log" 2>&1
+    cat "$OUT/generation.md" 2>/dev/null || grep "^|\|Error" "$OUT/gen.log" | tail -30
+}
+
+round_engine_profile() {
+    python3 benchmarks/profile_engine.py --batches "${ENGINE_BATCHES:-64,512}" --out "$OUT/engine_profile.md" \
+        > "$OUT/profile.log" 2>&1
+    cat "$OUT/engine_profile.md" 2>/dev/null || tail -30 "$OUT/profile.log"
+}
+
+round_loop_split() {
+    python3 benchmarks/bench_generation.py --loop-only --loop-steps "${LOOP_STEPS:-5}" \
+        --loop-timeout "${LOOP_TIMEOUT:-250}" --out "$OUT/loop_split.md" > "$OUT/loop.log" 2>&1
+    cat "$OUT/loop_split.md" 2>/dev/null || quiet < "$OUT/loop.log" | tail -20
+}
+
+round_async() {
+    python3 benchmarks/bench_async.py --models tiny --envs arithmetic --modes "async 1" --steps 2 --warmup 0 \
+        --groups 4 --timeout 120 > "$OUT/smoke.log" 2>&1
+    if grep -q '"error"' "$OUT/smoke.log"; then tail -5 "$OUT/smoke.log"; return 1; fi
+    python3 benchmarks/bench_async.py --models "${MODELS:-0.5b}" --envs "${ENVS:-arithmetic,count}" \
+        --modes "sync,async 1" --steps "${STEPS:-12}" --warmup 2 --groups 32 --long-tokens "${LONG:-384}" \
+        --timeout "${ROW_TIMEOUT:-200}" --out "$OUT/async.md" > "$OUT/async.log" 2>&1
+    grep -h '^{"mode"' "$OUT/async.log"; cat "$OUT/async.md" 2>/dev/null
+}
+
+round_fsdp() {
+    python3 benchmarks/bench_fsdp.py --rows 0.5b:2 --steps 1 --warmup 1 2>&1 | tail -1 | tee "$OUT/smoke.log"
+    grep -q "failed" "$OUT/smoke.log" && return 1
+    python3 benchmarks/bench_fsdp.py --steps "${STEPS:-3}" --warmup "${WARMUP:-2}" --row-timeout "${ROW_TIMEOUT:-150}" \
+        --logs "$OUT/rows" --rows "${ROWS:-plain,0.5b:2,0.5b:4,1.5b:4,3b:4}" --out "$OUT/fsdp.md" 2>&1 \
+        | quiet | tee "$OUT/fsdp.log"
+}
+
+round_fsdp_variants() {
+    local bench="python3 benchmarks/bench_fsdp.py --steps 4 --warmup 2"
+    $bench --gpu 0 --rows plain,0.5b:1:prof > "$OUT/v0.log" 2>&1 &
+    $bench --gpu 1 --rows 0.5b:1:nocompile,0.5b:1:k=f > "$OUT/v1.log" 2>&1 &
+    $bench --gpu 2 --rows 0.5b:1:k=r,0.5b:1:k=r+f > "$OUT/v2.log" 2>&1 &
+    $bench --gpu 3 --rows 0.5b:1:mbt16384,0.5b:1:k=r+f:mbt16384 > "$OUT/v3.log" 2>&1 &
+    wait
+    grep -h "^| [0p]" "$OUT"/v*.log
+}
+
+round_replicas() {
+    export TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
+    if [ "${CHECK:-1}" = 1 ]; then
+        CUDA_VISIBLE_DEVICES=0,1 timeout 300 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+            benchmarks/check_graphs.py --steps "${CHECK_STEPS:-4}" > "$OUT/check2.md" 2> "$OUT/check2.err" &
+        CUDA_VISIBLE_DEVICES=2 timeout 300 python3 benchmarks/check_graphs.py --steps "${CHECK_STEPS:-4}" \
+            > "$OUT/check1.md" 2> "$OUT/check1.err" &
+        CUDA_VISIBLE_DEVICES=3 timeout 300 python3 benchmarks/bench_trainer.py --isolate --repeat 1 --steps 9 \
+            --warmup "${EARLY:-3}" --lengths mixed --no-grad-check --ours-mixed "$D,$D:-:0:n" --atropos "" \
+            --out "$OUT/early.md" > "$OUT/early.log" 2>&1 &
+        wait
+        for f in check2 check1; do echo "== $f"; cat "$OUT/$f.md"; quiet < "$OUT/$f.err" | tail -6; done
+        echo "== early"; cat "$OUT/early.md" 2>/dev/null; grep "CUDA graphs\|Error" "$OUT/early.log" | head
+    fi
+    python3 benchmarks/bench_fsdp.py --steps "${STEPS:-10}" --warmup "${WARMUP:-30}" --row-timeout "${ROW_TIMEOUT:-150}" \
+        --logs "$OUT/rows" --rows "${ROWS:-plain,0.5b:2,0.5b:4}" --out "$OUT/fsdp.md" 2>&1 | quiet | tee "$OUT/fsdp.log"
+}
+
+round_fsdp_large() {
+    python3 benchmarks/bench_fsdp.py --rows "${ROWS:-7b:4:micro,7b:4:lora16}" --steps 3 --warmup 2 \
+        --row-timeout "${ROW_TIMEOUT:-200}" --out "$OUT/fsdp_large.md" 2>&1 | quiet | tee "$OUT/fsdp_large.log"
+}
+
+round_loop_four() {
+    local start; start=$(date +%s)
+    python3 -m atropos_cli train arithmetic --nproc-per-node 4 --steps "${LOOP_STEPS:-100}" --out /tmp/loop4 \
+        > "$OUT/loop4.log" 2>&1
+    echo "one-command loop wall: $(( $(date +%s) - start )) s" | tee -a "$OUT/loop4.log"
+    grep -v "^\[rank" "$OUT/loop4.log" | tail -4
+    cp /tmp/loop4/metrics.jsonl "$OUT/loop4_metrics.jsonl"
+}
+
+round_two_nodes() {
+    python3 -m atropos_cli process arithmetic --out /tmp/roll --overwrite --env.total_steps 200 --env.group_size 8 \
+        > /dev/null
+    local flags="train --data /tmp/roll --steps 20 --groups-per-step 8 --save-every 10 --epochs 5"
+    # shellcheck disable=SC2086  # flags is a list of words
+    python3 -m atropos_cli $flags --out /tmp/one --nproc-per-node 4 | tail -2
+    for node in 0 1; do
+        # shellcheck disable=SC2086
+        CUDA_VISIBLE_DEVICES=$((2 * node)),$((2 * node + 1)) python3 -m torch.distributed.run --nnodes 2 \
+            --node-rank "$node" --nproc-per-node 2 --master-addr 127.0.0.1 --master-port 29533 \
+            -m atropos_cli $flags --out /tmp/two > "$OUT/node$node.log" 2>&1 &
+    done
+    wait
+    tail -2 "$OUT/node0.log"
+    python3 - <<'PY' | tee "$OUT/two_nodes.md"
+import json
+one = [json.loads(line) for line in open("/tmp/one/metrics.jsonl")]
+two = [json.loads(line) for line in open("/tmp/two/metrics.jsonl")]
+print("step  loss(1 launcher)  loss(2 launchers)  grad_norm(1)  grad_norm(2)")
+for a, b in zip(one, two):
+    print(a["step"], f"{a['loss']:+.6f}", f"{b['loss']:+.6f}", f"{a['grad_norm']:.5f}", f"{b['grad_norm']:.5f}")
+print("largest loss difference:", max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)))
+PY
+}
+
+run_round() {  # ROUND: its function, with $OUT/ROUND as its OUT
+    local name=$1
+    case " $(echo $ROUNDS) " in *" $name "*) ;; *)
+        echo "error: unknown round '$name'" >&2; echo "hint: rounds are: $(echo $ROUNDS)" >&2; return 2;;
+    esac
+    OUT="$OUT/$name"; mkdir -p "$OUT"
+    echo "== round $name ($(date -u +%Y-%m-%dT%H:%MZ), commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown))"
+    "round_${name//-/_}"
+}
+
+if [ $# -eq 0 ]; then
+    echo "usage: bash benchmarks/device/run.sh ROUND | ROUND@GPUS ..." >&2; echo "rounds: $(echo $ROUNDS)" >&2; exit 2
+fi
+if [ -z "${RUN_SH_SETUP_DONE:-}" ]; then  # once per call: side-by-side rounds share it
+    setup
+    export RUN_SH_SETUP_DONE=1
+fi
+if [ $# -eq 1 ] && [[ $1 != *@* ]]; then
+    run_round "$1"
+    exit $?
+fi
+pids=()
+for spec in "$@"; do  # side by side: each round on its GPUs, with its own limit; each keeps what it finished
+    (CUDA_VISIBLE_DEVICES=${spec#*@} timeout "${LIMIT:-400}" bash "$0" "${spec%@*}" > "$OUT/${spec%@*}.console" 2>&1) &
+    pids+=($!)
+done
+failed=0
+for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || { failed=1; echo "warning: round ${*:$((i + 1)):1} exited non-zero" >&2; }
+done
+for spec in "$@"; do cat "$OUT/${spec%@*}.console"; done
+exit "$failed"
