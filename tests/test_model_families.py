@@ -130,3 +130,41 @@ def test_a_model_the_engine_cannot_drive_exactly_is_refused():
     model = build("llama", VOCAB, tiny=True)
     model.config.attention_chunk_size = 16
     assert refusal(model) == "chunked attention"
+
+
+def test_models_whose_attention_the_varlen_kernel_lacks_train_on_padded_rows_on_cuda():
+    """Sinks (gpt-oss) and soft-capped scores (Gemma 2) are not in the varlen flash kernel: the CUDA default is
+    padded rows with the model's own attention, and asking for packing says why it cannot."""
+    from atropos_cli.errors import ConfigError
+    from atropos_cli.trainer.step.grpo import packing_mode
+
+    for name in ("gpt_oss", "gemma2"):
+        model = build(name, VOCAB, tiny=True)
+        assert packing_mode(model, None, "cuda") == "off"
+        with pytest.raises(ConfigError, match="varlen flash kernel"):
+            packing_mode(model, True, "cuda")
+
+
+def test_atropos_models_lists_every_family_with_its_paths():
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    for family in FAMILIES.values():
+        row = next(line for line in lines if line.split()[:1] == [family.name])
+        assert all(shape in row for shape in family.shapes) and "static engine" in row
+    gpt_oss = next(line for line in lines if line.split()[:1] == ["gpt_oss"])
+    assert "sinks" in gpt_oss and "sliding window 128 on 12 of 24 layers" in gpt_oss and "padded rows" in gpt_oss
+
+
+def test_train_says_the_path_before_the_first_step(tmp_path):
+    from atropos_cli.paths import rollout_path
+
+    model = build("gemma3", VOCAB, tiny=True)
+    assert rollout_path(model, cuda=True).startswith("static engine: ")
+    assert rollout_path(model, cuda=False).startswith("loop sampler (CPU")
+    model.config.use_bidirectional_attention = True
+    assert "refuses this model (bidirectional attention)" in rollout_path(model, cuda=True)

@@ -115,6 +115,10 @@ def test_packed_training_from_files(tiny_model: Path, tmp_path: Path):
     args = ["train", "--data", str(data), "--model", str(tiny_model), "--steps", "1", "--groups-per-step", "4"]
     packed = runner.invoke(app, [*args, "--out", str(tmp_path / "p"), "--pack", "--micro-batch-tokens", "64"])
     assert packed.exit_code == 0, packed.output
+    # the path, said before the first step (no rollouts line: the groups come from files)
+    assert "attention: llama, causal" in packed.output and "rollouts:" not in packed.output
+    said = packed.output.index("training: packed rows (varlen attention's dense path); one process; CUDA graphs: off")
+    assert said < packed.output.index("step    1/1")
     config = json.loads((tmp_path / "p" / "train_config.json").read_text())["grpo"]
     assert config["pack"] is True and config["micro_batch_tokens"] == 64
     metrics = json.loads((tmp_path / "p" / "metrics.jsonl").read_text().splitlines()[0])

@@ -351,6 +351,12 @@ def _run(
             config.parallel = "fsdp"
     trainer = GRPOTrainer(config, dist=dist)
     _cap_max_len(trainer, on_event)
+    for line in trainer.paths():
+        on_event(line)
+    if opts.inference == "local" and not opts.data and not opts.api_url:
+        from atropos_cli.paths import rollout_path
+
+        on_event("rollouts: " + rollout_path(lora.unwrap(trainer.model), trainer.device.startswith("cuda")))
     if trainer.is_lora:
         on_event(lora.describe(trainer.model))
     if opts.resume and (checkpoint := trainer.resume(out)) is not None:

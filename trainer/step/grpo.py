@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
+from atropos_cli.attention import describe
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
@@ -127,12 +128,14 @@ EXACT_ROWS = True
 def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
     """How micro-batches are laid out; on CUDA this also switches the model's attention.
 
-    - "off": padded rows, similar lengths together (the CPU default);
+    - "off": padded rows, similar lengths together (the CPU default; on CUDA too for a model with attention sinks
+      or soft-capped scores, which the varlen flash kernel lacks);
     - "static" (the CUDA default): samples end to end in rows of exactly `micro_batch_tokens` tokens (the rest
       is filler), attention confined to each sample by torch's varlen flash kernel (`atropos_varlen`). Every
       micro-batch has one shape, so the compiled body compiles once, and no padding reaches the model;
     - "rows" (CPU `--pack`, or CUDA where torch lacks varlen attention): samples end to end in rows as long as
-      they come; attention through transformers' packed-position mask (dense SDPA mask on CPU, flex on CUDA).
+      they come; on CPU through `atropos_varlen`'s dense path (exact for every model: transformers' packed-position
+      mask is not built by every model, gpt-oss's for one), on CUDA through flex attention.
     """
     cuda = device.startswith("cuda")
     if not (cuda if pack is None else pack):
@@ -141,6 +144,14 @@ def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
         use_varlen(lora.unwrap(model))  # position mask is not built by every model, gpt-oss's for one)
         return "rows"
     model = lora.unwrap(model)
+    facts = describe(model)
+    if facts.sinks or facts.attn_softcap:  # the varlen flash kernel has neither: padded rows, the model's attention
+        if pack:
+            raise ConfigError(
+                f"packing on CUDA needs the varlen flash kernel, which has no {'sinks' if facts.sinks else 'soft-cap'}",
+                hint="drop --pack (padded rows with the model's own attention, the default for this model)",
+            )
+        return "off"
     try:
         if flash_varlen() is not None:
             use_varlen(model)
@@ -213,7 +224,7 @@ class GRPOTrainer:
             self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
             if getattr(lora.unwrap(self.model).config, "_attn_implementation", None) == VARLEN_NAME:
                 use_varlen(self.ref_model)  # the reference reads the same packed rows
-        dtype = resolve_dtype(config.dtype, self.device)
+        self.dtype = dtype = resolve_dtype(config.dtype, self.device)
         # the log-prob forward of the policy and of the reference: plain calls, or the FSDP roots (fsdp.py)
         self.policy: Any = functools.partial(self._logprobs, self.model)
         self.reference: Any = functools.partial(self._logprobs, self.ref_model) if self.ref_model is not None else None
@@ -246,6 +257,25 @@ class GRPOTrainer:
             self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, recorder, undo, summed, ahead)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
+
+    def paths(self) -> list[str]:
+        """One line per part of the training path this run takes (said before the first step)."""
+        from atropos_cli.paths import attention_line, trainer_attention_path
+
+        model = lora.unwrap(self.model)
+        world = self.dist.world if self.dist is not None else 1
+        parallel = "one process"
+        if self.dist is not None:
+            parallel = f"{world} replicas" if self.replicated else f"FSDP over {world} ranks"
+        layout = {
+            "static": f"packed rows of {self.micro_batch_tokens} tokens ({trainer_attention_path(model)})",
+            "rows": "packed rows (varlen attention's dense path)",
+            "off": "padded rows",
+        }[self.pack]
+        graphs = "CUDA graphs: on" if self.graphs is not None else "CUDA graphs: off"
+        if self.graphs is None and (why := self._graphs_refused(self.dtype)) is not None:
+            graphs += f" (they need {why})"
+        return [attention_line(model), f"training: {layout}; {parallel}; {graphs}"]
 
     def _graphs_refused(self, dtype: str) -> str | None:
         """Why this run cannot replay micro-batches as CUDA graphs (graphs.py), or None."""

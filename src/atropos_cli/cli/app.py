@@ -43,6 +43,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.envs",
         "List bundled envs (and envs installed through the `atropos.envs` entry point) with a one-line description.",
     ),
+    "models": LazyCommand(
+        "atropos_cli.cli.models",
+        "List the supported model families, their published shapes and the path rollouts and training take.",
+    ),
     "api": LazyCommand(
         "atropos_cli.cli.api",
         "Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire).",
