@@ -46,6 +46,15 @@ SHAPES = {  # Qwen2.5 configs (hidden, intermediate, layers, heads, kv heads, vo
 }
 
 
+def model_config(shape: str):
+    """A Qwen2.5 shape of SHAPES, or a published shape of `atropos_cli.families` (Llama-3.1-8B, Qwen3-8B, ...)."""
+    if shape in SHAPES:
+        return qwen(shape)
+    from atropos_cli.families import config_for
+
+    return config_for(shape)
+
+
 def qwen(shape: str):
     from transformers import Qwen2Config
 
@@ -82,10 +91,14 @@ def worker(args) -> None:
     dist = init_from_env(args.device, 1800) if not args.plain else None
     device = dist.device if dist is not None else args.device
     node = bind_near_gpu(device, args.near_gpu)
-    cfg = qwen(args.shape)
+    cfg = model_config(args.shape)
+    if args.cap_gib and device.startswith("cuda"):  # an 80 GB card's budget on a larger one: defaults follow it
+        total = torch.cuda.get_device_properties(device).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
     torch.manual_seed(0)
     with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="sdpa")
+        attention = {"attn_implementation": "sdpa"} if args.shape in SHAPES else {}  # a family: its own default
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **attention)
     matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
     if cfg.tie_word_embeddings:
         matmul_params += cfg.vocab_size * cfg.hidden_size
@@ -338,6 +351,8 @@ def run_row(spec: str, args) -> dict:
     alloc_conf = None  # `exp`: the caching allocator's expandable segments (no fragmentation near the limit)
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]
     extra += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
+    if args.cap_gib:
+        extra += ["--cap-gib", str(args.cap_gib)]
     for flag in parts[1:] if parts[0] == "plain" else parts[2:]:
         if flag.startswith("lora"):
             extra += ["--lora-r", flag[4:]]
@@ -407,7 +422,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--plain", action="store_true", help="worker: one process, no FSDP")
-    parser.add_argument("--shape", default="0.5b", choices=sorted(SHAPES))
+    parser.add_argument("--shape", default="0.5b", help="a Qwen2.5 shape (tiny, 0.5b, ...) or a published one")
+    parser.add_argument("--cap-gib", type=float, default=None, help="each process's GPU memory cap (e.g. 80)")
     parser.add_argument("--tiny", action="store_true", help="driver: the tiny shape for `plain` (smoke test)")
     parser.add_argument("--rows", default="plain,0.5b:1,0.5b:2,0.5b:4")
     parser.add_argument("--device", default="cuda")

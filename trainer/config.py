@@ -266,6 +266,18 @@ def activation_bytes_per_token(model_config: Any, checkpointing: bool) -> int:
     return (2 * layers + 48) * hidden if checkpointing else 48 * layers * hidden
 
 
+def gpu_budget_bytes(device: str) -> int:
+    """The GPU memory this process may use: the card's, or the share `torch.cuda.set_per_process_memory_fraction`
+    gave it (a run sized for an 80 GB card on a larger one: the defaults follow the cap)."""
+    import torch
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    total = torch.cuda.get_device_properties(index).total_memory
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    return int(total * fraction(index)) if fraction is not None else total
+
+
 def default_micro_batch_tokens(
     device: str, sharded: bool, gpu_bytes: int | None, held_bytes: int, bytes_per_token: int
 ) -> int:

@@ -91,7 +91,9 @@ def _reshard_layers(model: Any, mesh: Any) -> bool:
     if mesh.device_type != "cuda":
         return True
     bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
-    gpu_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    from ..config import gpu_budget_bytes
+
+    gpu_bytes = gpu_budget_bytes("cuda")
     return bf16_bytes > KEEP_GATHERED_FRACTION * gpu_bytes
 
 

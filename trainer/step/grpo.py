@@ -32,7 +32,13 @@ from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
 
 from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
-from ..config import GRPOConfig, activation_bytes_per_token, default_micro_batch_tokens, host_threads
+from ..config import (
+    GRPOConfig,
+    activation_bytes_per_token,
+    default_micro_batch_tokens,
+    gpu_budget_bytes,
+    host_threads,
+)
 from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
@@ -198,7 +204,7 @@ class GRPOTrainer:
         # --parallel and --micro-batch-tokens are resolved once, so config.yaml and checkpoints record the values
         total = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
-        gpu = torch.cuda.get_device_properties(self.device).total_memory if self.device.startswith("cuda") else None
+        gpu = gpu_budget_bytes(self.device) if self.device.startswith("cuda") else None
         world = dist.world if dist is not None else 1
         if dist is not None:
             config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
