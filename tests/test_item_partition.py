@@ -214,3 +214,68 @@ def test_no_item_is_trained_twice_across_ranks(tmp_path: Path, flags: list[str])
     assert [g["trained_step"] for g in groups] == [s for s in (1, 2, 3) for _ in range(5)]
     assert [g["meta"]["index"] for g in groups] == ids
     assert [g["meta"]["item_digest"] for g in groups] == [item_digest({"id": i, "q": str(i)}) for i in ids]
+
+
+UNSEEDED_ENV = """
+import random
+
+from atropos_cli.env.base import SimpleEnv
+
+
+class Unseeded(SimpleEnv):
+    name = "unseeded"
+
+    def items(self, split):
+        own = random.Random()  # seeded by the OS: every rank draws other items
+        while True:
+            yield {"id": own.randrange(10**9)}
+
+    def prompt(self, item):
+        return "Say " + str(item["id"])
+
+    def reward(self, completion, item):
+        return float(len(completion) % 2)
+"""
+
+FINITE_ENV = """
+from atropos_cli.env.base import SimpleEnv
+
+
+class Finite(SimpleEnv):
+    name = "finite"
+
+    def items(self, split):
+        return ({"id": i} for i in range(7))
+
+    def prompt(self, item):
+        return "Say " + str(item["id"])
+
+    def reward(self, completion, item):
+        return float(len(completion) % 2)
+"""
+
+
+def _run_env(tmp_path: Path, source: str, *flags: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "env.py"
+    path.write_text(source)
+    args = ["train", str(path), "--out", str(tmp_path / "run"), "--groups-per-step", "5", "--env.group_size", "2"]
+    args += ["--env.max_token_length", "4", "--save-rollouts", "--save-every", "0", *flags]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*ATROPOS, *args], capture_output=True, text=True, timeout=400, env=env)
+
+
+def test_ranks_drawing_different_items_print_one_warning(tmp_path: Path):
+    result = _run_env(tmp_path, UNSEEDED_ENV, "--steps", "2", "--nproc-per-node", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("warning: the ranks drew different items 0-4 of the env's stream") == 1, output
+    assert "ranks drew different items 5-9" not in output  # reported once
+
+
+def test_a_stream_that_ends_ends_every_engine_at_the_same_step(tmp_path: Path):
+    """7 items, 5 a step, 2 engines: step 1 takes items 0-4, step 2 items 5-6 (one per engine), then the run ends."""
+    result = _run_env(tmp_path, FINITE_ENV, "--steps", "5", "--nproc-per-node", "3", "--inference-gpus", "2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    groups = _trained(tmp_path / "run")
+    assert [int(g["meta"]["item_id"]) for g in groups] == list(range(7))
+    assert [g["trained_step"] for g in groups] == [1] * 5 + [2] * 2
