@@ -7,9 +7,12 @@ last K run rollout engines (`engine_loop`): env workers on the local engine of t
 waiting for a step to finish unless the staleness bound says so.
 
 The protocol, per step u (the trainer is at version u-1 when it trains the batch of step u):
-- engine e makes its share of step u's groups once it received weights of version >= u-1-S, tags every token
-  with the version that produced it and sends the groups to trainer rank 0 (gloo, pickled);
-- trainer rank 0 (`EngineFeed`) takes step u's groups from every engine, checks that no rollout is older than
+- engine e makes its share of step u's groups once it received weights of version >= u-1-S (every engine
+  walks the env's one item stream and keeps its share of step u's items: `data/item_stream.py`), tags every
+  token with the version that produced it and sends the groups to trainer rank 0 (gloo, pickled), with the
+  digest of step u's items;
+- trainer rank 0 (`EngineFeed`) takes step u's groups from every engine (the engines' digests must agree: the
+  first step where they do not is a warning), checks that no rollout is older than
   S (a guard: the engines' pacing already ensures it; anything older is dropped and counted), trains, and
   `AsyncSync` pushes the new weights (`weight_push.py`) and reports the batch's staleness;
 - S=0 is the synchronous schedule (each batch is sampled by the weights of the step before it); S>=1 lets the
@@ -23,7 +26,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any
@@ -31,6 +34,7 @@ from typing import Any
 from atropos_cli.errors import AtroposError, PeerLost
 from atropos_cli.types import ScoredGroup
 
+from .data.item_stream import StreamCheck
 from .scale.distributed import Dist
 from .weights.weight_push import TrainerGone, WeightPusher, WeightReceiver
 
@@ -68,9 +72,6 @@ class Roles:
     @property
     def engine_index(self) -> int:
         return self.world.rank - self.trainers
-
-    def share(self, groups_per_step: int, index: int) -> int:
-        return groups_per_step // self.engines + int(index < groups_per_step % self.engines)
 
 
 def split_roles(world: Dist, engines: int, timeout_s: float) -> Roles:
@@ -128,13 +129,17 @@ class _Counts:
 class EngineFeed:
     """Trainer rank 0's end of the queue: one receiver thread per engine, batches assembled per step."""
 
-    def __init__(self, roles: Roles, groups_per_step: int, bound: int, stop: threading.Event) -> None:
+    def __init__(
+        self, roles: Roles, groups_per_step: int, bound: int, stop: threading.Event, on_event: Callable[[str], None]
+    ) -> None:
         self.roles, self.bound = roles, bound
         # Ctrl-C: with one trainer rank the feed stops the loop; several check together after each step (grpo.train)
         self.stop_flag = stop if roles.trainer_dist is None else threading.Event()
         self.groups_per_step = groups_per_step
         self.inbox: queue.Queue[tuple[int, tuple[Any, ...]]] = queue.Queue()
         self.parts: dict[int, dict[int, list[ScoredGroup]]] = {}
+        self.marks: dict[int, dict[int, tuple[str, str]]] = {}  # each engine's (span, digest) of a step's items
+        self.stream_check, self.on_event = StreamCheck(), on_event
         self.counts = _Counts()
         self.ended: set[int] = set()
         self.last: dict[str, float] = {}  # staleness metrics of the batch handed out last
@@ -170,8 +175,9 @@ class EngineFeed:
     def _handle(self, index: int, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "groups":
-            _, step, groups, failed, unmatched, generate_s = message
+            _, step, groups, failed, unmatched, generate_s, mark = message
             self.parts.setdefault(step, {})[index] = groups
+            self.marks.setdefault(step, {})[index] = mark
             self.generate_s[index] = generate_s
             self.counts.by_engine[index] = failed
             self.unmatched += unmatched
@@ -194,12 +200,15 @@ class EngineFeed:
                     raise KeyboardInterrupt
                 if len(self.parts.get(step, {})) == self.roles.engines:
                     break
-                if len(self.ended) == self.roles.engines:  # the env ran out of items on every engine
+                if self.ended - self.parts.get(step, {}).keys():  # the env's stream ended (on every engine alike)
                     return
                 got = self._next_message()
                 if got is not None:
                     self._handle(*got)
-            parts = self.parts.pop(step)
+            parts, marks = self.parts.pop(step), self.marks.pop(step)
+            warning = self.stream_check.warning([marks[i] for i in range(self.roles.engines)])
+            if warning:
+                self.on_event(warning)
             batch = [g for i in range(self.roles.engines) for g in parts[i]]
             yield self._checked(batch, trainer.step_count)
 
@@ -284,7 +293,7 @@ def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: 
         on_event("--max-staleness > 0: the importance-sampling correction is on (is_mode truncate; --is-mode sets it)")
     feed = None
     if is_src:
-        feed = EngineFeed(roles, opts.groups_per_step, opts.max_staleness, roles.world._stop)
+        feed = EngineFeed(roles, opts.groups_per_step, opts.max_staleness, roles.world._stop, on_event)
         stack.callback(feed.close, pusher.stop, opts.dist_timeout)
     sync = AsyncSync(pusher, feed, roles.world)
     sync.push(trainer)  # the engines start from the trainer's (maybe resumed) weights
@@ -319,13 +328,13 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
         except RuntimeError as exc:  # the trainer rank is gone
             raise peer_lost(world, f"engine rank {world.rank} lost the trainer ({type(exc).__name__})") from None
 
-    rollouts = EnvRollouts(
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=index
+    rollouts = EnvRollouts(  # every engine walks the one item stream and samples its share of each step's items
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, index, roles.engines
     )
     try:
         if receiver.wait_for(0, opts.dist_timeout):
             step = receiver.received  # the trainer's step count: a resumed run goes on from there
-            batches = rollouts.batches(roles.share(opts.groups_per_step, index))
+            batches = rollouts.batches(opts.groups_per_step)
             while receiver.wait_for(step - opts.max_staleness, opts.dist_timeout):
                 step += 1
                 floor = receiver.received
@@ -336,7 +345,7 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
                 backend.log.clear()
                 counts = rollouts.counts
                 failed = (counts.failed_rollouts, counts.failed_groups)
-                send("groups", step, groups, failed, unmatched, backend.generate_s)
+                send("groups", step, groups, failed, unmatched, backend.generate_s, rollouts.block_mark)
         send("end")
     except PeerLost:
         raise

@@ -168,9 +168,10 @@ def _source(
         }
     else:
         server = {}
-    rank = dist.rank if dist is not None else 0
+    # data-parallel rollouts (local engines): each rank collects its share of the one item stream
+    rank, world = (dist.rank, dist.world) if dist is not None and opts.inference == "local" else (0, 1)
     rollouts = EnvRollouts(
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=rank
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, rank=rank, world=world
     )
     stack.callback(rollouts.close)
     if colocated is not None:
@@ -182,7 +183,7 @@ def _source(
         sync = LocalSync(rollouts.backend)
         sync(trainer)  # a resumed trainer's weights go to the engine before the first rollout
         if dist is not None:  # data-parallel rollouts: each rank samples its share on its own engine
-            return gathered(rollouts, opts.groups_per_step, dist), sync, rollouts
+            return gathered(rollouts, opts.groups_per_step, dist, on_event), sync, rollouts
     elif opts.inference == "vllm":
         from .weights.vllm import VLLMSync
 

@@ -72,6 +72,9 @@ class GroupMeta(BaseModel):
     env: str | None = None
     env_version: str | None = None
     item_id: str | None = None
+    item_digest: str | None = None
+    """16 hex digits of the item's content (`env.item_digest`), equal in every process: the groups of one item
+    are findable, and duplicates countable, whether or not the env gives its items ids."""
     index: int | None = None
     """Position of the item in the run's (seeded, deterministic) item stream; `--resume` skips done indices."""
     model: str | None = None

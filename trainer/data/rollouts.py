@@ -6,7 +6,9 @@ transformers engine, a vLLM server we launch, or a user's server) and hands `Env
 over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
 synced, and only then is the next step collected: every group is sampled from the weights of the step before
 it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the stream, so
-the same --seed samples the same rollouts from the same weights. The step's rows are announced to an in-process
+the same --seed samples the same rollouts from the same weights. On several ranks (data-parallel ranks, or the
+engine ranks of `--inference-gpus`) the items come from one stream: every rank walks it and collects only its
+share of each step's items (`item_stream.py`). The step's rows are announced to an in-process
 engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
 never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
 """
@@ -21,6 +23,8 @@ from typing import Any
 from atropos_cli.errors import AtroposError
 from atropos_cli.runs.counts import RolloutCounts
 from atropos_cli.types import ScoredGroup
+
+from .item_stream import Block, ItemStream
 
 __all__ = ["EnvRollouts"]
 
@@ -37,7 +41,8 @@ class EnvRollouts:
         config_path: str | None,
         server: dict[str, Any],
         backend: Any = None,
-        seed_offset: int = 0,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
         from atropos_cli.env.loading import resolve_run_config
         from atropos_cli.inference.router import ServerManager
@@ -46,8 +51,6 @@ class EnvRollouts:
         env_cls, self.run_config, self.env_config = resolve_run_config(
             env_spec, dotted_args, config_path, overrides={"openai": server}
         )
-        if seed_offset:  # a many-GPU run's ranks sample different items (rank r: seed + r)
-            self.env_config = self.env_config.model_copy(update={"seed": self.env_config.seed + seed_offset})
         servers = self.run_config.openai
         if backend is None and servers[0].server_type == "local":
             from atropos_cli.inference.local import LocalBackend
@@ -57,14 +60,24 @@ class EnvRollouts:
         self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
         self.env = env_cls(self.env_config, self.manager)
         self.counts = RolloutCounts()
-        self.items_taken = 0  # the item stream's index: seeds each item's requests, so --seed reproduces a run
-        self.loop.run_until_complete(self.env.setup())
+        # every rank walks the one stream (the same seed everywhere) and keeps its share of each step's items
+        self.stream = ItemStream(self.env, int(self.env_config.seed), rank, world)
+        self.block: Block | None = None  # the step's items (the last drawn)
+        self.loop.run_until_complete(self.stream.setup())
 
     @property
     def temperature(self) -> float:
         return float(self.env_config.temperature)
 
+    @property
+    def block_mark(self) -> tuple[str, str]:
+        """(which items of the stream, their digest) of the step's items: what the ranks compare."""
+        assert self.block is not None, "no step drawn yet"
+        return self.block.span, self.block.digest
+
     def batches(self, groups_per_step: int) -> Iterator[list[ScoredGroup]]:
+        """Step by step, the groups of this rank's share of the next `groups_per_step` items of the stream (an
+        empty list where its share is empty); ends with the env's stream."""
         while True:
             groups = self.loop.run_until_complete(self._collect(groups_per_step))
             if groups is None:
@@ -74,17 +87,14 @@ class EnvRollouts:
     async def _collect(self, n: int) -> list[ScoredGroup] | None:
         from atropos_cli.runs.rollout import collect_group
 
-        items = []
-        for _ in range(n):
-            item = await self.env.get_next_item()
-            if item is None:
-                break
-            items.append(item)
-        if not items:
+        self.block = await self.stream.next_block(n)
+        if self.block is None:
             return None
-        first, self.items_taken = self.items_taken, self.items_taken + len(items)
-        with self._one_batch(len(items)):
-            outcomes = await asyncio.gather(*(collect_group(self.env, item, first + i) for i, item in enumerate(items)))
+        taken = self.block.taken()
+        if not taken:
+            return []
+        with self._one_batch(len(taken)):
+            outcomes = await asyncio.gather(*(collect_group(self.env, item, index) for index, item in taken))
         groups: list[ScoredGroup] = []
         for outcome in outcomes:
             self.counts.add_failures(outcome)

@@ -181,15 +181,23 @@ def from_rank0(batches: Iterable[list[ScoredGroup]] | None, dist: Any) -> Iterat
         yield payload
 
 
-def gathered(rollouts: Any, groups_per_step: int, dist: Any) -> Iterator[list[ScoredGroup]]:
-    """Data-parallel env rollouts: each rank samples its share of `groups_per_step` groups on its own engine
-    (rank r: one more while r < the remainder), then every rank gets the whole batch in rank order."""
-    share = groups_per_step // dist.world + int(dist.rank < groups_per_step % dist.world)
-    for local in rollouts.batches(share) if share else _empty_forever():
-        parts = dist.gather(local)
-        yield [group for part in parts for group in part]
+def gathered(
+    rollouts: Any, groups_per_step: int, dist: Any, on_event: Callable[[str], None] = lambda _: None
+) -> Iterator[list[ScoredGroup]]:
+    """Data-parallel env rollouts: every rank walks the env's one item stream and samples its share of each
+    step's `groups_per_step` items on its own engine (`item_stream.share`), then every rank gets the whole
+    batch in rank order (which is stream order). The ranks' digests of the step's items are compared on the
+    way (`StreamCheck`); the stream ending on any rank ends every rank."""
+    from .item_stream import StreamCheck
 
-
-def _empty_forever() -> Iterator[list[ScoredGroup]]:
+    check = StreamCheck()
+    local = iter(rollouts.batches(groups_per_step))
     while True:
-        yield []
+        groups = next(local, None)
+        parts = dist.gather(None if groups is None else (groups, rollouts.block_mark))
+        if any(part is None for part in parts):
+            return
+        warning = check.warning([mark for _, mark in parts])
+        if warning:
+            on_event(warning)
+        yield [group for part_groups, _ in parts for group in part_groups]

@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
+from atropos_cli.env.item_digest import item_digest
 from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
@@ -58,7 +59,9 @@ def _validate(raw: Any) -> ScoredGroup:
     return ScoredGroup.model_validate(raw)
 
 
-def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | None, started: float) -> GroupMeta:
+def _stamp(
+    group: ScoredGroup, env: BaseEnv, index: int | None, item: Item, item_id: str | None, started: float
+) -> GroupMeta:
     meta = group.meta or GroupMeta()
     server = env.server
     updates: dict[str, Any] = {
@@ -66,6 +69,7 @@ def _stamp(group: ScoredGroup, env: BaseEnv, index: int | None, item_id: str | N
         "env": meta.env or env.name,
         "env_version": meta.env_version or env.version,
         "item_id": meta.item_id if meta.item_id is not None else item_id,
+        "item_digest": meta.item_digest or item_digest(item),
         "index": index,
         "model": meta.model or getattr(server, "model_name", None),
         "sampling": meta.sampling or env.sampling_params().model_dump(exclude_none=True),
@@ -120,7 +124,7 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
             except (ValidationError, TypeError) as exc:
                 record_failure(_one_line(exc), env=env.name, item_id=item_id, rollout_index=None)
                 continue
-            meta = _stamp(group, env, index, item_id, started)
+            meta = _stamp(group, env, index, item, item_id, started)
             reason = _filter_reason(group, env)
             if reason:
                 outcome.filtered.append(_failure("Filtered", reason, env, item_id, meta.group_id))
