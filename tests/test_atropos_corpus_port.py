@@ -56,6 +56,9 @@ def test_a_file_with_two_env_classes_runs_the_one_its_main_block_runs(envs: Path
     code, output = _port(f"{path}:BaseMTGRPOEnv")
     assert code == 0, output
     assert "env class: BaseMTGRPOEnv (named after ':')" in output
+    code, output = _port(f"{path}:MTGRPOEnv")
+    assert code == 2 and f"error: {path} defines no class 'MTGRPOEnv'" in output
+    assert "hint: its classes: MTGRPOEnvConfig, BaseMTGRPOEnv, MultiTurnToolUseTurnLevelAdvantageEnv" in output
 
 
 def test_several_env_classes_and_no_main_block_is_one_error_naming_them(envs: Path, tmp_path: Path) -> None:

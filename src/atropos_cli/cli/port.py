@@ -106,6 +106,9 @@ def _print_data_files(file: Path, report: PortReport) -> None:
 
 def _print_env_class(report: PortReport, class_name: str) -> None:
     """Which env class runs: the one named after `:`, else the one the `__main__` block runs."""
+    if class_name and class_name not in report.classes:
+        defined = ", ".join(report.classes) or "none"
+        raise fail(f"{report.path} defines no class {class_name!r}", hint=f"its classes: {defined}", code=EXIT_USAGE)
     if class_name:
         console.print(f"  env class: {class_name} (named after ':')", soft_wrap=True, markup=False)
     elif report.main_class:

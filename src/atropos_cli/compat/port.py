@@ -41,6 +41,7 @@ class PortReport:
     notes: list[PortFinding] = field(default_factory=list)
     data_files: list[DataFile] = field(default_factory=list)
     main_class: str | None = None  # the X of `X.cli()` in its `if __name__ == "__main__":` block
+    classes: list[str] = field(default_factory=list)  # the classes it defines at module level
 
 
 def _check_import(node: ast.ImportFrom | ast.Import, report: PortReport) -> None:
@@ -65,7 +66,9 @@ def scan_env_file(path: Path) -> PortReport:
     source = Path(path).read_text(encoding="utf-8")
     report = PortReport(Path(path), main_class=main_block_class(source))
     report.data_files = scan_data_files(Path(path), source)
-    for node in ast.walk(ast.parse(source, str(path))):
+    tree = ast.parse(source, str(path))
+    report.classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             _check_import(node, report)
     for number, text in enumerate(source.splitlines(), start=1):
