@@ -87,7 +87,7 @@ def test_port_falls_back_to_the_format_aware_fake_when_the_model_cannot_serve(tm
     result = CliRunner().invoke(app, ["port", str(env), "--run"])
     output = " ".join(result.output.split())
     assert result.exit_code == 0, output
-    assert "on the shipped local model (atropos-tiny-arith): no group; first error:" in output
+    assert "on the shipped local model (atropos-tiny-arith): no group: every server call failed (1 errors)" in output
     assert "has a context of 256 tokens" in output  # the first error itself, not only a path
     assert "one group ran on the format-aware fake server" in output
     group = json.loads((tmp_path / "runs" / "port-long_env-2" / "groups.jsonl").read_text().splitlines()[0])

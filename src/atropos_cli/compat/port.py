@@ -1,8 +1,10 @@
 """`atropos port FILE`'s library half: what an Atropos env file uses that this compatibility layer lacks.
 
-`scan_env_file(path)` reads the file's `atroposlib` imports (AST, without running it) and checks each name
-against `atropos_cli.compat.atroposlib`, and flags what needs the Hugging Face hub (datasets, tokenizers),
-which an offline machine does not have.
+`scan_env_file(path)` reads the file (AST, without running it): its `atroposlib` imports, each name checked
+against `atropos_cli.compat.atroposlib`; what needs the Hugging Face hub (datasets, tokenizers), which an
+offline machine does not have; the data files it reads by a relative path and whether each is there
+(`compat.datafiles`); and the env class its `__main__` block runs (`env.main_block`), the one `atropos` runs
+when the file defines several.
 """
 
 from __future__ import annotations
@@ -11,6 +13,9 @@ import ast
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from atropos_cli.compat.datafiles import DataFile, scan_data_files
+from atropos_cli.env.main_block import main_block_class
 
 __all__ = ["PortFinding", "PortReport", "scan_env_file"]
 
@@ -34,6 +39,9 @@ class PortReport:
     imported: list[str] = field(default_factory=list)
     missing: list[PortFinding] = field(default_factory=list)
     notes: list[PortFinding] = field(default_factory=list)
+    data_files: list[DataFile] = field(default_factory=list)
+    main_class: str | None = None  # the X of `X.cli()` in its `if __name__ == "__main__":` block
+    classes: list[str] = field(default_factory=list)  # the classes it defines at module level
 
 
 def _check_import(node: ast.ImportFrom | ast.Import, report: PortReport) -> None:
@@ -56,8 +64,11 @@ def _check_import(node: ast.ImportFrom | ast.Import, report: PortReport) -> None
 
 def scan_env_file(path: Path) -> PortReport:
     source = Path(path).read_text(encoding="utf-8")
-    report = PortReport(Path(path))
-    for node in ast.walk(ast.parse(source, str(path))):
+    report = PortReport(Path(path), main_class=main_block_class(source))
+    report.data_files = scan_data_files(Path(path), source)
+    tree = ast.parse(source, str(path))
+    report.classes = [node.name for node in tree.body if isinstance(node, ast.ClassDef)]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import | ast.ImportFrom):
             _check_import(node, report)
     for number, text in enumerate(source.splitlines(), start=1):

@@ -26,7 +26,8 @@ from typing import Any, ClassVar
 from pydantic import ValidationError
 
 from atropos_cli.config import EnvConfig, ServerConfig
-from atropos_cli.errors import ConfigError, EnvLoadError
+from atropos_cli.env.shape import pair_problem, shape_error
+from atropos_cli.errors import AtroposError, ConfigError, EnvLoadError
 from atropos_cli.inference.base import Generation, SamplingParams
 from atropos_cli.tokens import build_rollout_tokens
 from atropos_cli.types import GroupMeta, Message, RolloutFailure, RolloutMeta, ScoredGroup, describe_validation_error
@@ -57,6 +58,9 @@ failure_sink: contextvars.ContextVar[list[RolloutFailure] | None] = contextvars.
 filter_sink: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar("atropos_filter_sink", default=None)
 
 
+_PACKAGE_DIR = Path(__file__).resolve().parents[1]
+
+
 def record_filtered(reason: str) -> None:
     """Count one group of the current item as filtered by the env for `reason` (not a failure)."""
     sink = filter_sink.get()
@@ -67,8 +71,11 @@ def record_filtered(reason: str) -> None:
 def record_failure(exc: BaseException, *, env: str | None, item_id: str | None, rollout_index: int | None) -> None:
     """File a failed rollout into the current group's failure list (or drop it if no runner is listening)."""
     summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    if isinstance(exc, AtroposError):
+        summary = f"{type(exc).__name__}: {exc}"
     frames = traceback.extract_tb(exc.__traceback__)
-    if frames:
+    ours = bool(frames) and _PACKAGE_DIR in Path(frames[-1].filename).resolve().parents
+    if frames and not (ours and isinstance(exc, AtroposError)):  # our own errors name what they are about
         last = frames[-1]
         summary += f" (at {last.filename.rsplit('/', 1)[-1]}:{last.lineno} in {last.name})"
     failure = RolloutFailure(
@@ -184,6 +191,8 @@ class BaseEnv:
             if isinstance(result, BaseException):
                 record_failure(result, env=self.name, item_id=None, rollout_index=index)
                 continue
+            if problem := pair_problem(result, "rollout or None"):
+                raise shape_error(self, "collect_trajectory", problem)
             rollout, more = result
             backlog.extend(more or [])
             if rollout is None:

@@ -1,6 +1,7 @@
 """Finding envs: by name (entry-point group `atropos.envs`: the bundled envs are this package's own entry points,
 installed plugins add theirs), by a bundled module's file name (`math_env`), by path `file.py[:Class]`, or
-by `PREFIX:TARGET` for envs of other frameworks (`vf:NAME`, `gym:ID`, ...: the `ADAPTERS` table).
+by `PREFIX:TARGET` for envs of other frameworks (`vf:NAME`, `gym:ID`, ...: the `ADAPTERS` table). A file that
+defines several env classes runs the one named after `:`, else the one its `__main__` block runs (`X.cli()`).
 
 An adapter is a module of `atropos_cli.adapters` (a layer above `env`, so it is named here by a string and
 imported on use) that defines `CONFIG`, its env config class (whose own fields are the `--env.*` flags listed
@@ -26,6 +27,7 @@ from types import ModuleType
 
 from atropos_cli.env.aliases import ALIASES, install_aliases
 from atropos_cli.env.base import BaseEnv
+from atropos_cli.env.main_block import main_block_class
 from atropos_cli.errors import EnvLoadError, EnvNotFoundError
 
 __all__ = ["EnvInfo", "resolve_env", "list_envs", "bundled_env_names", "ADAPTERS", "adapter_module", "spec_stem"]
@@ -116,8 +118,26 @@ def _pick_class(module: ModuleType, class_name: str | None, origin: str) -> type
         raise EnvLoadError(
             f"{origin} defines no BaseEnv subclass", hint="subclass atropos_cli.BaseEnv or SimpleEnv in that file"
         )
+    main = main_block_env(module)
+    if main is not None:
+        return main
     names = ", ".join(c.__name__ for c in classes)
-    raise EnvLoadError(f"{origin} defines several envs ({names})", hint=f"pick one: {origin}:{classes[0].__name__}")
+    raise EnvLoadError(
+        f"{origin} defines several envs ({names}) and its __main__ block runs none of them",
+        hint=f"pick one: {origin}:{classes[0].__name__}",
+    )
+
+
+def main_block_env(module: ModuleType) -> type[BaseEnv] | None:
+    """The env class the module's file runs as a script (`X.cli()` in its `__main__` block), as atroposlib does."""
+    path = getattr(module, "__file__", None)
+    try:
+        source = Path(path).read_text(encoding="utf-8") if path else ""
+    except (OSError, UnicodeDecodeError):
+        return None
+    name = main_block_class(source)
+    cls = getattr(module, name, None) if name else None
+    return cls if inspect.isclass(cls) and issubclass(cls, BaseEnv) else None
 
 
 def _import_file(path: Path) -> ModuleType:

@@ -71,6 +71,7 @@ class _Server:
     retries: int = 0
     successes: int = 0
     latency_total: float = 0.0
+    first_error: str | None = None  # the first failed request's error, for a run that got no answer at all
 
     def free(self, split: str) -> int:
         return self.capacity[split] - self.in_flight[split]
@@ -82,6 +83,7 @@ class _Server:
             "model": self.config.model_name,
             "requests": self.requests,
             "failures": self.failures,
+            "first_error": self.first_error,
             "retries": self.retries,
             "in_flight": sum(self.in_flight.values()),
             "in_flight_eval": self.in_flight["eval"],
@@ -295,8 +297,9 @@ class ServerManager:
         started = time.perf_counter()
         try:
             generation = await call(server.backend, params)
-        except InferenceError:
+        except InferenceError as exc:
             server.failures += 1
+            server.first_error = server.first_error or exc.text
             raise
         server.successes += 1
         server.latency_total += time.perf_counter() - started

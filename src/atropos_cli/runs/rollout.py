@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
 from atropos_cli.env.item_digest import item_digest
+from atropos_cli.env.shape import groups_problem, pair_problem, shape_error
 from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
 from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
@@ -109,7 +110,10 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
     seeding = seeded_requests(env.config.seed, f"{index}:{item_id}") if index is not None else nullcontext()
     try:
         with seeding:
-            result, backlog = await env.collect_trajectories(item)
+            returned = await env.collect_trajectories(item)
+        if problem := pair_problem(returned, "group or list of groups or None"):
+            raise shape_error(env, "collect_trajectories", problem)
+        result, backlog = returned
         outcome.backlog = list(backlog or [])
         if result is None:
             dropped.append("collect_trajectories returned None")
@@ -117,6 +121,8 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
             result = await env.postprocess_histories(result)
             if result is None:
                 dropped.append("postprocess_histories returned None")
+            if problem := groups_problem(result):
+                raise shape_error(env, _group_hook(env), problem)
             result = await env.after_group(result, item)
         for raw in _as_groups(result):
             try:
@@ -151,6 +157,12 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
             failure.group_id = outcome.groups[0].meta.group_id  # type: ignore[union-attr]
     outcome.failures = sink
     return outcome
+
+
+def _group_hook(env: BaseEnv) -> str:
+    """The env's hook that made the groups: its own postprocess_histories when it has one."""
+    own = getattr(type(env).postprocess_histories, "__module__", "").startswith("atropos_cli.")
+    return "collect_trajectories" if own else "postprocess_histories"
 
 
 def _one_line(exc: Exception) -> Exception:
