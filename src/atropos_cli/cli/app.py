@@ -7,6 +7,9 @@ help, so the two cannot drift apart.
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
+from difflib import get_close_matches
 from typing import Any, NamedTuple
 
 import typer
@@ -107,6 +110,56 @@ class LazyGroup(TyperGroup):
             super().format_help(ctx, formatter)
         finally:
             self._listing = False
+
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """An unknown command is a usage error that names the closest ones (`atropos trian`: did you mean
+        'train'?); Typer's own suggestion reads `self.commands`, which a lazy group leaves empty."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            close = get_close_matches(name, COMMANDS, n=3, cutoff=0.6)
+            guess = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise usage_error(ctx, f"no such command {name!r}{guess}", "the commands: " + ", ".join(COMMANDS))
+        return super().resolve_command(ctx, args)
+
+    def main(self, args: Sequence[str] | None = None, *rest: Any, standalone_mode: bool = True, **extra: Any) -> Any:
+        """Run the CLI; a usage error (an unknown option, a missing argument, a bad value) prints in the
+        `error:`/`hint:` format of every other error instead of Typer's box, and exits 2."""
+        if not standalone_mode:
+            return super().main(args, *rest, standalone_mode=False, **extra)
+        from typer._click.exceptions import ClickException
+
+        try:
+            code = super().main(args, *rest, standalone_mode=False, **extra)
+        except ClickException as exc:
+            print_usage_error(exc)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_error(ctx: Any, message: str, hint: str) -> Any:
+    """A usage error (exit 2) carrying a hint, printed by `print_usage_error`."""
+    from typer._click.exceptions import UsageError
+
+    error = UsageError(message, ctx)
+    error.hint = hint  # type: ignore[attr-defined]
+    return error
+
+
+def print_usage_error(exc: Any) -> None:
+    """`error: <what>` and `hint: <the fix, or where the help is>` on stderr."""
+    from atropos_cli.cli.common import err_console, fail
+
+    if type(exc).__name__ == "NoArgsIsHelpError":  # the help was printed: nothing is wrong
+        return
+    ctx = getattr(exc, "ctx", None)
+    hint = getattr(exc, "hint", None)
+    if hint is None and ctx is not None:
+        hint = f"see '{ctx.command_path} --help'"
+    message = exc.format_message()
+    fail(message[:1].lower() + message[1:].rstrip("."), hint)
+    err_console.file.flush()
 
 
 app = typer.Typer(
