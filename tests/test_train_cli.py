@@ -128,3 +128,15 @@ def test_cuda_graphs_where_they_cannot_run_is_a_one_line_error(tiny_model: Path,
     assert result.exit_code == 2, result.output
     assert "--cuda-graphs needs a CUDA device" in result.output and "drop --cuda-graphs" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "spec", ["arithmetic", "vf:vf_arithmetic", "gym:games:GuessNumber-v0", "openenv:http://127.0.0.1:8000", "a b.py:E"]
+)
+def test_run_directory_names_are_file_safe_and_the_same_in_train_and_process(spec: str, tmp_path: Path):
+    from atropos_cli.cli.train import default_train_out
+    from atropos_cli.runs.process import default_out_dir
+
+    trained, processed = default_train_out(spec), default_out_dir(spec, base=tmp_path)
+    assert trained.parent == Path("runs") and trained.name == f"train-{processed.name}"
+    assert all(c.isalnum() or c in "-_." for c in trained.name), trained.name

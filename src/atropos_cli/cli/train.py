@@ -168,12 +168,19 @@ def _layered(ctx: typer.Context, settings: dict[str, Any], config: Path | None) 
     return {**from_yaml, **GRPO_OPTIONS.given(ctx, settings), **RUN_OPTIONS.given(ctx, settings)}
 
 
+def default_train_out(env: str | None) -> Path:
+    """runs/train-<env>, <env> spelled as `process` names its run directory (file-name safe: `vf:x` -> `vf-x`)."""
+    from atropos_cli.env.registry import spec_stem
+
+    return Path("runs") / f"train-{spec_stem(env or 'arithmetic')}"
+
+
 def _configs(values: dict[str, Any], env: str | None, out: Path | None, dotted: list[str], config: Path | None):
     from atropos_cli.config import validate_model
     from atropos_cli.trainer.config import GRPOConfig, RunOptions
 
     grpo_values = {k: v for k, v in values.items() if k in GRPO_OPTIONS.fields()}
-    grpo_values["out"] = str(out or Path(f"runs/train-{Path(env or 'arithmetic').stem}"))
+    grpo_values["out"] = str(out or default_train_out(env))
     run_values = {k: v for k, v in values.items() if k in RUN_OPTIONS.fields()}
     run_values |= {"env": env, "dotted_args": dotted, "env_config_path": str(config) if config else None}
     if isinstance(run_values.get("vllm_args"), list | tuple):  # each --vllm-args value is split like a shell line
