@@ -101,3 +101,21 @@ def test_usage_errors_print_in_the_error_hint_format_not_a_box(args, says):
     assert lines[0].startswith(says), result.output
     assert lines[1] == f"hint: see 'atropos {' '.join(args[: 2 if args[0] == 'export' else 1])} --help'"
     assert len(lines) == 2 and "╭" not in result.output and "Usage:" not in result.output
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, None])
+def test_help_at_80_columns_cuts_nothing_with_an_ellipsis(command):
+    result = CliRunner().invoke(app, [*([command] if command else []), "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "…" not in result.output
+
+
+def test_train_help_shows_the_learning_rate_a_run_uses():
+    from atropos_cli.resources import DEFAULT_MODEL
+    from atropos_cli.trainer.config import default_lr
+
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"})
+    line = next(line for line in result.output.splitlines() if "--lr " in line)
+    assert f"[default: ({default_lr(DEFAULT_MODEL):g} for the shipped {DEFAULT_MODEL}, else " in line, line
+    assert f"else {default_lr('Qwen/Qwen2.5-0.5B-Instruct'):g})]" in line, line

@@ -67,8 +67,12 @@ class GRPOConfig(BaseModel):
     """Drop groups whose rewards are all equal, as DAPO does (default: the preset's)."""
     max_completion_len: int = Field(1024, ge=1)
     """L_max of Dr. GRPO's constant loss normaliser."""
-    lr: float = Field(1e-5, gt=0)
-    """Learning rate (when not given: 3e-4 for the shipped atropos-tiny-arith, else 1e-5)."""
+    lr: float = Field(
+        DEFAULT_LR,
+        gt=0,
+        json_schema_extra={"cli_default": f"{TINY_MODEL_LR:g} for the shipped {DEFAULT_MODEL}, else {DEFAULT_LR:g}"},
+    )
+    """Learning rate."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)

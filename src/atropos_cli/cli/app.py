@@ -162,6 +162,33 @@ def print_usage_error(exc: Any) -> None:
     err_console.file.flush()
 
 
+def fold_help_tables() -> None:
+    """Rich cuts a table cell's word that does not fit with '…' (at 80 columns: `--micro-batch-to…`); Typer's
+    option tables and help cells leave Rich's default, so here they fold such a word onto the next line instead."""
+    from rich.columns import Columns
+    from rich.table import Table
+    from rich.text import Text
+    from typer import rich_utils
+
+    class FoldingTable(Table):
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*cells, **kwargs)
+            for column in self.columns:
+                column.overflow = "fold"
+
+    class FoldingColumns(Columns):  # an option's help: its text, [default: ...], [env var: ...]
+        def __init__(self, renderables: Any = None, *args: Any, **kwargs: Any) -> None:
+            super().__init__(renderables, *args, **kwargs)
+            for item in self.renderables:
+                if isinstance(item, Text) and item.overflow is None:
+                    item.overflow = "fold"
+
+    rich_utils.Table = FoldingTable  # type: ignore[misc]
+    rich_utils.Columns = FoldingColumns  # type: ignore[misc]
+
+
+fold_help_tables()
+
 app = typer.Typer(
     name="atropos",
     cls=LazyGroup,
