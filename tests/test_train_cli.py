@@ -140,3 +140,15 @@ def test_run_directory_names_are_file_safe_and_the_same_in_train_and_process(spe
     trained, processed = default_train_out(spec), default_out_dir(spec, base=tmp_path)
     assert trained.parent == Path("runs") and trained.name == f"train-{processed.name}"
     assert all(c.isalnum() or c in "-_." for c in trained.name), trained.name
+
+
+def test_a_failed_start_leaves_out_reusable(tiny_model: Path, tmp_path: Path):
+    data, out = _rollouts(tmp_path / "r.jsonl"), tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--steps", "1", "--groups-per-step", "2"]
+    failed = runner.invoke(app, [*args, "--model", str(tmp_path / "no-such-model")])
+    assert failed.exit_code == 2 and "error:" in failed.output
+    (out / "vllm.log").write_text("what a failed engine said\n")  # logs stay: an error's hint may name them
+    assert sorted(p.name for p in out.iterdir()) == ["vllm.log"]
+    retry = runner.invoke(app, [*args, "--model", str(tiny_model)])
+    assert retry.exit_code == 0, retry.output
+    assert (out / "checkpoints" / "step-1").is_dir() and (out / "vllm.log").is_file()

@@ -80,10 +80,12 @@ class RunSummary(BaseModel):
     groups_skipped: int = 0  # --api-url: groups the model cannot train (token ids, scores), skipped
 
 
-def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
+def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> bool:
+    """Check --out against --resume/--overwrite and save the run's config in it; True when it starts empty."""
     saved = out / CONFIG_FILE
     current = {"grpo": config.model_dump(mode="json"), "run": opts.model_dump(mode="json")}
-    if out.exists() and any(out.iterdir()):
+    fresh = not out.exists() or all(_is_log(entry) for entry in out.iterdir())
+    if not fresh:
         if opts.resume and saved.is_file():
             before = read_saved(saved, "restore it from the run, or train into a new --out")
             changed = [k for k in config_diff(before, current) if k not in _RESUMABLE]
@@ -94,12 +96,31 @@ def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
                 )
         elif opts.overwrite:
             shutil.rmtree(out)
+            fresh = True
         elif not opts.resume:
             raise OutputExistsError(
                 f"output directory {str(out)!r} is not empty", hint="pass --resume to continue or --overwrite"
             )
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(current, indent=2))
+    return fresh
+
+
+def _is_log(entry: Path) -> bool:
+    return entry.is_file() and entry.suffix == ".log"
+
+
+def _clear_untrained(out: Path) -> None:
+    """A run that trained nothing (its start failed, or it stopped before step 1) leaves --out as it found it,
+    so the corrected retry is not refused: only its logs stay (vllm.log, which the error's hint names), and a
+    directory of logs alone counts as empty."""
+    if not out.is_dir() or latest_checkpoint(out) is not None:
+        return
+    for entry in out.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        elif not _is_log(entry):
+            entry.unlink()
 
 
 def _source(
@@ -306,10 +327,10 @@ def run_training(
 
         check_can_colocate(opts.nproc_per_node)  # before anything is written or loaded
     dist = _join_ranks(opts, config)
-    finished = False
+    finished = fresh = False
     try:
         if dist is None or dist.is_main:
-            _prepare_out(out, opts, config)
+            fresh = _prepare_out(out, opts, config)
         else:  # one rank speaks: the others train silently and write nothing but their checkpoint shards
             on_step, on_event = (lambda _: None), (lambda _: None)
             opts = opts.model_copy(update={"plot": False, "wandb_project": None, "tensorboard": False})
@@ -333,6 +354,8 @@ def run_training(
             if finished:  # every rank reaches the teardown before any leaves: a gloo rank whose peer has already
                 dist.barrier()  # torn its group down can abort ("terminate called without an active exception")
             dist.close()
+        if fresh:
+            _clear_untrained(out)
 
 
 def _run(
