@@ -152,3 +152,42 @@ def test_a_failed_start_leaves_out_reusable(tiny_model: Path, tmp_path: Path):
     retry = runner.invoke(app, [*args, "--model", str(tiny_model)])
     assert retry.exit_code == 0, retry.output
     assert (out / "checkpoints" / "step-1").is_dir() and (out / "vllm.log").is_file()
+
+
+FINITE_ENV = '''
+from atropos_cli.env.base import SimpleEnv
+
+
+class ThreeItems(SimpleEnv):
+    """Three items, then none: a taskset smaller than the run. Reward: an even-length reply (signal at random)."""
+
+    name = "three_items"
+
+    def items(self, split):
+        return [{"id": i, "q": str(i)} for i in range(3)]
+
+    def prompt(self, item):
+        return "Say " + item["q"]
+
+    def reward(self, completion, item):
+        return float(len(completion) % 2 == 0)
+'''
+
+
+@pytest.mark.parametrize("mode", ["stop", "cycle"])
+def test_an_env_that_runs_out_of_items_says_so_and_stops_or_cycles(mode: str, tiny_model: Path, tmp_path: Path):
+    env = tmp_path / "three_items.py"
+    env.write_text(FINITE_ENV)
+    args = ["train", str(env), "--model", str(tiny_model), "--out", str(tmp_path / mode), "--steps", "5"]
+    args += ["--groups-per-step", "1", "--env.group_size", "6", "--env.max_token_length", "8", "--lr", "3e-2"]
+    result = runner.invoke(app, [*args, *(["--on-exhausted", "stop"] if mode == "stop" else [])])
+    assert result.exit_code == 0, result.output
+    if mode == "stop":
+        trained = int(result.output.split("trained ")[1].split(" steps")[0])
+        assert trained <= 3
+        assert f"warning: the env ran out of items after {trained} of 5 steps (its 3 items)" in result.output
+        assert "hint: pass --on-exhausted cycle to start its items over" in result.output
+    else:
+        assert "the env's 3 items ran out: starting epoch 2" in result.output
+        assert "trained 5 steps" in result.output and "epochs over the env's 3 items" in result.output
+        assert "warning" not in result.output

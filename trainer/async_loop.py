@@ -320,8 +320,9 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
             raise peer_lost(world, f"engine rank {world.rank} lost the trainer ({type(exc).__name__})") from None
 
     rollouts = EnvRollouts(
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=index
-    )
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=index,
+        on_exhausted=opts.on_exhausted,
+    )  # fmt: skip
     try:
         if receiver.wait_for(0, opts.dist_timeout):
             step = receiver.received  # the trainer's step count: a resumed run goes on from there

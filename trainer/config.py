@@ -199,6 +199,9 @@ class RunOptions(BaseModel):
     """Groups per optimizer step (env/files)."""
     epochs: int = Field(1, ge=1)
     """Passes over --data."""
+    on_exhausted: Literal["cycle", "stop"] = "cycle"
+    """When the env's items run out before --steps: cycle (start them over: one more epoch, said on stderr) or
+    stop (end the run there, with a warning)."""
     api_batch_size: int = Field(64, ge=1)
     """Sequences per step when behind an API."""
     wait_timeout: float = Field(600.0, gt=0)

@@ -24,6 +24,7 @@ from atropos_cli.errors import ConfigError, OutputExistsError
 
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
+from .data.rollouts import EnvRollouts
 from .data.sources import CheckedBatches, FileData, from_rank0, gathered
 from .step.grpo import GRPOTrainer, train
 from .step.metrics import MetricsSink
@@ -78,6 +79,10 @@ class RunSummary(BaseModel):
     groups_per_step: int = 0
     epochs: int = 0
     groups_skipped: int = 0  # --api-url: groups the model cannot train (token ids, scores), skipped
+    env_exhausted: bool = False  # the env's items ran out and the run stopped there
+    env_restartable: bool = True  # False: the env cannot start its items over (no restart_items)
+    env_items: int | None = None  # the env's items in one pass, when a pass ended
+    env_epochs: int = 1  # passes over the env's items (--on-exhausted cycle)
 
 
 def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> bool:
@@ -166,7 +171,6 @@ def _source(
             )
         if not dist.is_main:  # rank 0 runs the env workers and the server; the others save on the same steps
             return from_rank0(None, dist), CheckpointSync(out, opts.sync_every), None
-    from .data.rollouts import EnvRollouts
 
     server: dict[str, Any]
     backend: Any = None
@@ -191,8 +195,9 @@ def _source(
         server = {}
     rank = dist.rank if dist is not None else 0
     rollouts = EnvRollouts(
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=rank
-    )
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, seed_offset=rank,
+        on_exhausted=opts.on_exhausted, on_event=on_event,
+    )  # fmt: skip
     stack.callback(rollouts.close)
     if colocated is not None:
         from .weights.sync import ColocateSync
@@ -420,6 +425,9 @@ def _run(
                 summary.groups_skipped = source.skipped
             elif source is not None and not isinstance(source, FileData):  # the env rollouts
                 summary.rollouts_failed = source.counts.failed_rollouts + source.counts.failed_groups
+                if isinstance(source, EnvRollouts):
+                    summary.env_exhausted, summary.env_restartable = source.exhausted, source.restartable
+                    summary.env_items, summary.env_epochs = source.epoch_size, source.epoch
     _finish(summary, rewards, opts, config, source)
     if opts.plot and rewards:
         from .plot import plot_reward_curve

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from atropos_cli.errors import AtroposError
@@ -38,6 +38,8 @@ class EnvRollouts:
         server: dict[str, Any],
         backend: Any = None,
         seed_offset: int = 0,
+        on_exhausted: str = "cycle",
+        on_event: Callable[[str], None] = lambda _: None,
     ) -> None:
         from atropos_cli.env.loading import resolve_run_config
         from atropos_cli.inference.router import ServerManager
@@ -58,6 +60,11 @@ class EnvRollouts:
         self.env = env_cls(self.env_config, self.manager)
         self.counts = RolloutCounts()
         self.items_taken = 0  # the item stream's index: seeds each item's requests, so --seed reproduces a run
+        self.on_exhausted, self.on_event = on_exhausted, on_event
+        self.epoch, self.epoch_items = 1, 0  # the pass over the env's items, and the items it has taken so far
+        self.exhausted = False  # the items ran out and the run stops (--on-exhausted stop, or no restart_items)
+        self.restartable = True
+        self.epoch_size: int | None = None  # the env's items in one pass, once a pass has ended
         self.loop.run_until_complete(self.env.setup())
 
     @property
@@ -77,9 +84,14 @@ class EnvRollouts:
         items = []
         for _ in range(n):
             item = await self.env.get_next_item()
+            if item is None and self.epoch_items and self._next_epoch():
+                item = await self.env.get_next_item()
             if item is None:
+                self.exhausted = True
+                self.epoch_size = self.epoch_items if self.epoch_size is None else self.epoch_size
                 break
             items.append(item)
+            self.epoch_items += 1
         if not items:
             return None
         first, self.items_taken = self.items_taken, self.items_taken + len(items)
@@ -103,6 +115,18 @@ class EnvRollouts:
                 hint="serve the model with a tokenizer (--openai.tokenizer_name) or use --inference local",
             )
         return groups
+
+    def _next_epoch(self) -> bool:
+        """The env's items ran out: start them over (--on-exhausted cycle) if the env can, and say so."""
+        if self.on_exhausted != "cycle":
+            return False
+        self.epoch_size = self.epoch_items
+        self.restartable = bool(self.env.restart_items())
+        if not self.restartable:
+            return False
+        self.on_event(f"the env's {self.epoch_items} items ran out: starting epoch {self.epoch + 1}")
+        self.epoch, self.epoch_items = self.epoch + 1, 0
+        return True
 
     def _one_batch(self, groups: int) -> Any:
         """The step's rollouts (`groups` x group size rows) announced to an in-process engine, so they reach it as

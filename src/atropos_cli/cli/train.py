@@ -204,6 +204,8 @@ def _report(summary: Any, asked: int) -> None:
         )
     if summary.rollouts_failed:
         line += f" ({summary.rollouts_failed} rollouts failed)"
+    if summary.env_epochs > 1:
+        line += f"; {summary.env_epochs} epochs over the env's {summary.env_items} items"
     console.print(line, soft_wrap=True)
     if summary.groups_skipped:
         warn(
@@ -225,6 +227,19 @@ def _report(summary: Any, asked: int) -> None:
             f"({summary.groups_available} groups, {summary.groups_per_step} per step, {summary.epochs} epoch(s))"
         )
         err_console.print("[yellow]hint:[/] raise --epochs, lower --groups-per-step or --steps, or add rollouts")
+    if summary.env_exhausted and summary.steps < asked:
+        _report_exhausted(summary, asked)
+
+
+def _report_exhausted(summary: Any, asked: int) -> None:
+    """The env's items ran out before --steps: say when, and how to go on."""
+    items = f"its {summary.env_items} items" if summary.env_epochs == 1 else f"{summary.env_epochs} epochs"
+    warn(f"the env ran out of items after {summary.steps} of {asked} steps ({items})")
+    if not summary.env_restartable:
+        hint = "this env cannot start its items over (no restart_items): make get_next_item cycle, or lower --steps"
+    else:
+        hint = "pass --on-exhausted cycle to start its items over (epochs), or lower --steps"
+    err_console.print(f"[yellow]hint:[/] {hint}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:
