@@ -191,3 +191,28 @@ def test_an_env_that_runs_out_of_items_says_so_and_stops_or_cycles(mode: str, ti
         assert "the env's 3 items ran out: starting epoch 2" in result.output
         assert "trained 5 steps" in result.output and "epochs over the env's 3 items" in result.output
         assert "warning" not in result.output
+
+
+def test_train_prints_elapsed_and_eta_and_evaluates_every_n_steps(tiny_model: Path, tmp_path: Path):
+    env, out = tmp_path / "three_items.py", tmp_path / "run"
+    env.write_text(FINITE_ENV)
+    args = ["train", str(env), "--model", str(tiny_model), "--out", str(out), "--steps", "2", "--groups-per-step", "1"]
+    args += ["--env.group_size", "4", "--env.max_token_length", "8", "--lr", "3e-2", "--eval-every", "1"]
+    result = runner.invoke(app, [*args, "--eval-items", "2"])
+    assert result.exit_code == 0, result.output
+    steps = [line for line in result.output.splitlines() if line.startswith("step ")]
+    assert steps and all(" elapsed, ETA " in line for line in steps), result.output
+    evals = [line for line in result.output.splitlines() if line.startswith("eval at step ")]
+    assert [line.split(":")[0] for line in evals] == ["eval at step 1", "eval at step 2"], result.output
+    assert all("pass@1 " in line and ", 2 items, 0 failed samples" in line for line in evals), evals
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["eval_num_items"] for m in logged if "eval_num_items" in m] == [2, 2]
+    assert all(0.0 <= m["eval_pass@1"] <= 1.0 for m in logged if "eval_pass@1" in m)
+
+
+def test_eval_every_needs_an_env_run(tmp_path: Path):
+    data = _rollouts(tmp_path / "r.jsonl")
+    result = runner.invoke(app, ["train", "--data", str(data), "--eval-every", "5", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --eval-every evaluates the env of a one-process run")
+    assert not (tmp_path / "o").exists()

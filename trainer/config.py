@@ -199,6 +199,11 @@ class RunOptions(BaseModel):
     """Groups per optimizer step (env/files)."""
     epochs: int = Field(1, ge=1)
     """Passes over --data."""
+    eval_every: int = Field(0, ge=0)
+    """Every N steps, sample the env's eval split (its first --eval-items items, group-size samples each) from
+    the new weights: mean score and pass@1 on a line of their own and in metrics.jsonl (0: never). Env runs."""
+    eval_items: int = Field(32, ge=1)
+    """Eval items per --eval-every evaluation."""
     on_exhausted: Literal["cycle", "stop"] = "cycle"
     """When the env's items run out before --steps: cycle (start them over: one more epoch, said on stderr) or
     stop (end the run there, with a warning)."""
@@ -233,8 +238,15 @@ class RunOptions(BaseModel):
     """Also log to TensorBoard (needs tensorboard)."""
 
     def check_async(self) -> None:
-        """The disaggregated loop's flags fit together (a ConfigError with a hint otherwise)."""
+        """The disaggregated loop's flags fit together, and --eval-every has an env to evaluate (a ConfigError
+        with a hint otherwise)."""
         from atropos_cli.errors import ConfigError
+
+        if self.eval_every and (self.data or self.api_url or self.nproc_per_node > 1):
+            raise ConfigError(
+                "--eval-every evaluates the env of a one-process run: not with --data, --api-url or --nproc-per-node",
+                hint="drop --eval-every, or run `atropos evaluate ENV --model OUT/checkpoints/step-N` on a checkpoint",
+            )
 
         k = self.inference_gpus
         if self.max_staleness and not k:

@@ -288,6 +288,22 @@ def _saving(batches: Any, path: Path, trainer: GRPOTrainer) -> Any:
         yield batch
 
 
+def _evaluating(sync: Any, rollouts: EnvRollouts, opts: RunOptions, trainer: GRPOTrainer) -> Any:
+    """The after-step sync, then every --eval-every steps the env's eval split on the synced weights (its
+    metrics join the step's). An env without eval items fails here, before the first step."""
+    from atropos_cli.runs.evaluate import eval_items
+
+    eval_items(rollouts.env, 1)
+
+    def after_step(trained: GRPOTrainer) -> dict[str, Any]:
+        metrics = dict(sync(trained) or {}) if sync is not None else {}
+        if trained.step_count % opts.eval_every == 0:
+            metrics |= rollouts.evaluate(opts.eval_items)
+        return metrics
+
+    return after_step
+
+
 def _cap_max_len(trainer: GRPOTrainer, on_event: Callable[[str], None]) -> None:
     """Rollouts longer than the model's positions cannot train correctly: max_len never exceeds them."""
     limit = max_positions(trainer.model)
@@ -410,6 +426,8 @@ def _run(
             batches = probe.watch(batches, trainer)
         if opts.save_rollouts and (dist is None or dist.is_main):
             batches = _saving(batches, out / TRAINED_ROLLOUTS, trainer)
+        if opts.eval_every and isinstance(source, EnvRollouts):
+            sync = _evaluating(sync, source, opts, trainer)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:

@@ -116,6 +116,23 @@ class EnvRollouts:
             )
         return groups
 
+    def evaluate(self, limit: int) -> dict[str, float]:
+        """The env's eval split (its first `limit` items, group-size samples each, seeded by item) sampled from
+        the engine's current weights, scored as `atropos evaluate` scores it: eval_mean_score, eval_pass@1, ..."""
+        return self.loop.run_until_complete(self._evaluate(limit))
+
+    async def _evaluate(self, limit: int) -> dict[str, float]:
+        from atropos_cli.runs.evaluate import eval_items, item_results, outcome_samples
+        from atropos_cli.runs.metrics import summarise
+        from atropos_cli.runs.rollout import collect_group
+
+        items = eval_items(self.env, limit)
+        k = int(self.env_config.group_size)
+        with self._one_batch(len(items)):
+            outcomes = await asyncio.gather(*(collect_group(self.env, item, i) for i, item in enumerate(items)))
+        samples = [s for i, outcome in enumerate(outcomes) for s in outcome_samples(outcome, i, k, threshold=1.0)]
+        return {f"eval_{name}": value for name, value in summarise(item_results(samples), k).items()}
+
     def _next_epoch(self) -> bool:
         """The env's items ran out: start them over (--on-exhausted cycle) if the env can, and say so."""
         if self.on_exhausted != "cycle":

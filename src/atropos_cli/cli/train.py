@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,6 +78,48 @@ def _fmt(metrics: dict[str, Any], total: int) -> str:
     return "  ".join(p for p in parts if p)
 
 
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _eval_line(metrics: dict[str, Any]) -> str:
+    """--eval-every's line: the eval split's mean score and pass@1 on the weights of this step."""
+    line = f"eval at step {metrics['step']}: "
+    if "eval_mean_score" in metrics:
+        line += f"mean score {metrics['eval_mean_score']:.3f} ±{metrics.get('eval_mean_score_stderr', 0):.3f}, "
+    if "eval_pass@1" in metrics:
+        line += f"pass@1 {metrics['eval_pass@1']:.3f}, "
+    return line + f"{metrics['eval_num_items']} items, {metrics['eval_failed_samples']} failed samples"
+
+
+class StepPrinter:
+    """Prints each step's line with the time since the run started and an ETA: the mean time a step took so
+    far (waiting for rollouts included: metrics' loop_s) times the steps left. A resumed run counts from its
+    own first step."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.started = total, time.monotonic()
+        self.base: int | None = None  # the step count the run started from
+        self.loop_s = 0.0
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        step = metrics["step"]
+        if self.base is None:
+            self.base = step if metrics.get("skipped") else step - 1
+        self.loop_s += metrics.get("loop_s", 0.0)
+        done = step - self.base
+        eta = _duration(self.loop_s / done * (self.total - step)) if done else "?"
+        timing = f"  {_duration(time.monotonic() - self.started)} elapsed, ETA {eta}"
+        console.print(_fmt(metrics, self.total) + timing, soft_wrap=True)
+        if "eval_num_items" in metrics:
+            console.print(_eval_line(metrics), soft_wrap=True)
+
+
 def _run_sft(sft: list[Path], values: dict[str, Any], out: Path) -> None:
     _load_trainer()
     from atropos_cli.trainer.sft import SFTConfig, run_sft
@@ -135,7 +178,7 @@ def train_command(
             return
         from atropos_cli.trainer.run import run_training
 
-        show = lambda m: console.print(_fmt(m, grpo.steps), soft_wrap=True)  # noqa: E731
+        show = StepPrinter(grpo.steps)
         event = lambda m: err_console.print(m, soft_wrap=True, markup=False)  # noqa: E731
         summary = run_training(opts, grpo, show, event)
         if _rank() == 0:  # one rank of a many-GPU run reports
