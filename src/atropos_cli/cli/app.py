@@ -70,6 +70,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.export",
         "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server).",
     ),
+    "models": LazyCommand(
+        "atropos_cli.cli.models",
+        "List the shipped models and their directories (TRL/transformers: from_pretrained(PATH)).",
+    ),
     "inference": LazyCommand(
         "atropos_cli.cli.inference",
         "Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health, "

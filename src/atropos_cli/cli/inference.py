@@ -46,7 +46,10 @@ def inference_command(
     **limits: Any,
 ) -> None:
     """Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health,
-    POST /reload_weights {"path": DIR} to swap in new weights without restarting)."""
+    POST /reload_weights {"path": DIR} to swap in new weights without restarting).
+
+    `atropos models` prints the shipped models' directories (TRL and transformers load them: from_pretrained).
+    """
     with cli_errors():
         from atropos_cli.config import ServerConfig
         from atropos_cli.httpserve import listen, serve
