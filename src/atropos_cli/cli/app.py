@@ -125,15 +125,21 @@ class LazyGroup(TyperGroup):
             raise usage_error(ctx, f"no such command {name!r}{guess}", "the commands: " + ", ".join(COMMANDS))
         return super().resolve_command(ctx, args)
 
-    def main(self, args: Sequence[str] | None = None, *rest: Any, standalone_mode: bool = True, **extra: Any) -> Any:
+    def main(  # type: ignore[override]  # (the same parameters, by keyword)
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
         """Run the CLI; a usage error (an unknown option, a missing argument, a bad value) prints in the
         `error:`/`hint:` format of every other error instead of Typer's box, and exits 2."""
         if not standalone_mode:
-            return super().main(args, *rest, standalone_mode=False, **extra)
+            return super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         from typer._click.exceptions import ClickException
 
         try:
-            code = super().main(args, *rest, standalone_mode=False, **extra)
+            code = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
         except ClickException as exc:
             print_usage_error(exc)
             sys.exit(exc.exit_code)
