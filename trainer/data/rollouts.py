@@ -9,6 +9,9 @@ it (on-policy). Each item's requests are seeded from the env's seed and the item
 the same --seed samples the same rollouts from the same weights. The step's rows are announced to an in-process
 engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
 never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
+When the env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch,
+announced) and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval
+split on the engine's current weights (`atropos train --eval-every`).
 """
 
 from __future__ import annotations
