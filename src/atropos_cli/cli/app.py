@@ -2,6 +2,9 @@
 one-line help) without importing a single command module; running a command imports only its module, whose
 `register(app)` defines it. A test checks that each one-line help here is the first line of the command's own
 help, so the two cannot drift apart.
+
+The group also owns how the CLI fails before a command runs: an unknown command gets a did-you-mean, and usage
+errors (Typer/click's) print as the same `error:`/`hint:` lines as every other error (exit 2), not in a box.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ def usage_error(ctx: Any, message: str, hint: str) -> Any:
 
 def print_usage_error(exc: Any) -> None:
     """`error: <what>` and `hint: <the fix, or where the help is>` on stderr."""
-    from atropos_cli.cli.common import err_console, fail
+    from atropos_cli.cli.common import fail
 
     if type(exc).__name__ == "NoArgsIsHelpError":  # the help was printed: nothing is wrong
         return
@@ -169,7 +172,6 @@ def print_usage_error(exc: Any) -> None:
         hint = f"see '{ctx.command_path} --help'"
     message = exc.format_message()
     fail(message[:1].lower() + message[1:].rstrip("."), hint)
-    err_console.file.flush()
 
 
 def fold_help_tables() -> None:
