@@ -14,7 +14,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-from atropos_cli.config import EnvConfig
+from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
 OPERATORS = ("+", "-", "*")
@@ -54,7 +54,7 @@ class ArithmeticEnv(SimpleEnv):
 
     @classmethod
     def config_init(cls) -> tuple[EnvConfig, list[Any]]:
-        return ArithmeticConfig(group_size=8, max_token_length=16, total_steps=64, temperature=1.0), []
+        return ArithmeticConfig(group_size=8, max_token_length=16, total_steps=QUICK_GROUPS, temperature=1.0), []
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: ArithmeticConfig = self.config  # type: ignore[assignment]

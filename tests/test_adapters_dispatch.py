@@ -97,3 +97,11 @@ def test_without_its_framework_an_adapter_says_how_to_install_it(spec, package, 
     with pytest.raises(EnvLoadError, match=message) as info:
         registry.resolve_env(spec)
     assert hint in (info.value.hint or "")
+
+
+@pytest.mark.parametrize("prefix", list(registry.ADAPTERS))
+def test_adapter_envs_collect_as_many_groups_by_default_as_the_bundled_example(prefix):
+    from atropos_cli.env.loading import resolve_run_config
+
+    bundled = resolve_run_config("arithmetic", [], None)[2].total_steps
+    assert registry.adapter_module(prefix).CONFIG().total_steps == bundled == 64

@@ -213,3 +213,14 @@ def test_the_rules_see_real_imports():
     assert "atropos_cli.types" in targets and "atropos_cli.errors" in targets
     assert any(imp.target == "atropos_cli.trainer.step.grpo" for m in modules() for imp in imports_of(m))
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+
+
+def test_imports_sit_at_the_top_of_their_module():
+    """A module-level import below code (ruff's E402) is moved up, never silenced."""
+    silenced = [
+        f"{path.relative_to(ROOT)}:{number}"
+        for path in modules().values()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if "noqa: E402" in line
+    ]
+    assert not silenced, silenced

@@ -231,8 +231,8 @@ def test_ctrl_c_leaves_valid_files_and_resume_completes(tmp_path, fake_server):
 @pytest.mark.parametrize(
     ("args", "says"),
     [
-        (["arithmetic", "--num-group", "3"], ["No such option: --num-group", "--num-groups"]),
-        (["--num-grups", "3"], ["No such option: --num-grups", "--num-groups"]),  # not "unknown env '--num-grups'"
+        (["arithmetic", "--num-group", "3"], ["no such option: --num-group", "--num-groups"]),
+        (["--num-grups", "3"], ["no such option: --num-grups", "--num-groups"]),  # not "unknown env '--num-grups'"
         (["arithmetic", "--env.nope", "3"], ["unknown env option 'nope'"]),
         (["arithmetic", "--env.group_size"], ["env.group_size needs a value"]),  # bare: not silently 1
         (["arithmetic", "--env.group_size", "--concurrency", "2"], ["env.group_size needs a value"]),

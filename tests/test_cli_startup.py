@@ -57,7 +57,7 @@ def test_the_help_table_says_what_each_command_says_of_itself(command):
 
 def test_an_unknown_command_is_an_error():
     result = CliRunner().invoke(app, ["proces"])
-    assert result.exit_code == 2 and "No such command" in result.output
+    assert result.exit_code == 2 and "no such command" in result.output
 
 
 QUIET_PROBE = (
@@ -76,3 +76,46 @@ def test_third_party_loading_bars_show_only_with_verbose():
     loud = subprocess.run([sys.executable, "-c", QUIET_PROBE, "--verbose"], capture_output=True, text=True, env=env)
     assert loud.returncode == 0, loud.stderr
     assert "Loading weights" in loud.stderr
+
+
+def test_a_misspelled_command_gets_a_did_you_mean():
+    result = CliRunner().invoke(app, ["trian"])
+    assert result.exit_code == 2
+    assert result.output.splitlines()[0] == "error: no such command 'trian'; did you mean 'train'?"
+    assert result.output.splitlines()[1].startswith("hint: the commands: process, evaluate,")
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["train", "--stepz", "3"], "error: no such option: --stepz"),
+        (["train", "--steps", "x"], "error: invalid value for '--steps'"),
+        (["export", "openenv"], "error: missing argument 'env'"),
+        (["envs", "extra"], "error: got unexpected extra argument"),
+    ],
+)
+def test_usage_errors_print_in_the_error_hint_format_not_a_box(args, says):
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2
+    lines = result.output.splitlines()
+    assert lines[0].startswith(says), result.output
+    assert lines[1] == f"hint: see 'atropos {' '.join(args[: 2 if args[0] == 'export' else 1])} --help'"
+    assert len(lines) == 2 and "╭" not in result.output and "Usage:" not in result.output
+
+
+@pytest.mark.parametrize("command", [*COMMANDS, None])
+def test_help_at_80_columns_cuts_nothing_with_an_ellipsis(command):
+    result = CliRunner().invoke(app, [*([command] if command else []), "--help"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0
+    assert max(len(line) for line in result.output.splitlines()) <= 80
+    assert "…" not in result.output
+
+
+def test_train_help_shows_the_learning_rate_a_run_uses():
+    from atropos_cli.resources import DEFAULT_MODEL
+    from atropos_cli.trainer.config import default_lr
+
+    result = CliRunner().invoke(app, ["train", "--help"], env={"COLUMNS": "250"})
+    line = next(line for line in result.output.splitlines() if "--lr " in line)
+    assert f"[default: ({default_lr(DEFAULT_MODEL):g} for the shipped {DEFAULT_MODEL}, else " in line, line
+    assert f"else {default_lr('Qwen/Qwen2.5-0.5B-Instruct'):g})]" in line, line

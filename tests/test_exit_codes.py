@@ -20,7 +20,7 @@ COMMANDS = ["process", "evaluate", "view", "serve", "sft-gen", "dpo-gen", "train
 def test_an_unknown_flag_is_a_usage_error_everywhere(command: str):
     result = runner.invoke(app, [command, "--no-such-flag", "1"])
     assert result.exit_code == errors.EXIT_USAGE, result.output
-    assert "No such option: --no-such-flag" in " ".join(result.output.replace("│", " ").split())
+    assert "no such option: --no-such-flag" in " ".join(result.output.replace("│", " ").split())
 
 
 @pytest.mark.parametrize(

@@ -225,6 +225,6 @@ def test_cli_serves_until_stopped_and_reports_bad_model(tmp_path):
 
     from atropos_cli.cli.app import app
 
-    result = CliRunner().invoke(app, ["inference", "--model", str(tmp_path / "missing")])
+    result = CliRunner().invoke(app, ["inference", "--model", str(tmp_path / "missing"), "--port", "0"])
     assert result.exit_code == 2
     assert "does not exist" in result.output

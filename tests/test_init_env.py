@@ -53,3 +53,19 @@ def test_init_env_refuses_to_overwrite_and_bad_names(tmp_path):
     assert bad.exit_code == 2 and "'My-Task' is not a valid module name" in bad.output and "'my_task'" in bad.output
     shadow = runner.invoke(app, ["init-env", "json", "--out", str(tmp_path)])
     assert shadow.exit_code == 2 and "shadow" in shadow.output
+
+
+NO_PYTEST = (
+    "import sys\nsys.modules['pytest'] = None\nfrom atropos_cli.cli.app import main\nmain()\n"  # a venv without it
+)
+
+
+def test_the_next_line_says_to_install_pytest_where_it_is_missing(tmp_path):
+    with_pytest = runner.invoke(app, ["init-env", "word_len", "--out", str(tmp_path / "a")])
+    assert f"next: pytest {tmp_path / 'a' / 'test_word_len.py'}  ·" in with_pytest.output
+    done = subprocess.run(
+        [sys.executable, "-c", NO_PYTEST, "init-env", "word_len", "--out", str(tmp_path / "b")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert f"next: pip install pytest && pytest {tmp_path / 'b' / 'test_word_len.py'}  ·" in done.stdout

@@ -383,7 +383,7 @@ def test_export_command_serves_until_interrupted_and_refuses_a_taken_port():
             taken.bind(("127.0.0.1", 0))
             other = taken.getsockname()[1]
             busy = subprocess.run([*cmd[:-1], str(other)], capture_output=True, text=True, timeout=120)
-        assert busy.returncode == 1 and "cannot serve on" in busy.stderr and "Traceback" not in busy.stderr
+        assert busy.returncode == 1 and "cannot listen on" in busy.stderr and "Traceback" not in busy.stderr
     finally:
         server.send_signal(signal.SIGINT)
         out, err = server.communicate(timeout=60)

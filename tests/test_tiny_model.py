@@ -316,3 +316,17 @@ def test_shipped_chat_template_is_the_trainer_s():
     config = json.loads((SHIPPED / "tokenizer_config.json").read_text())
     assert config["chat_template"] == CHAT_TEMPLATE
     assert (SHIPPED / "chat_template.jinja").read_text().strip() == CHAT_TEMPLATE
+
+
+def test_atropos_models_prints_a_directory_transformers_loads(tmp_path):
+    """What TRL users need: the shipped model's path, printed by `atropos models`, loads with from_pretrained."""
+    from transformers import AutoModelForCausalLM
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    name, path = result.output.splitlines()[0].split("  ")
+    assert name == DEFAULT_MODEL
+    assert AutoModelForCausalLM.from_pretrained(path).config.vocab_size > 0

@@ -132,3 +132,91 @@ def test_cuda_graphs_where_they_cannot_run_is_a_one_line_error(tiny_model: Path,
     assert result.exit_code == 2, result.output
     assert "--cuda-graphs needs a CUDA device" in result.output and "drop --cuda-graphs" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.mark.parametrize(
+    "spec", ["arithmetic", "vf:vf_arithmetic", "gym:games:GuessNumber-v0", "openenv:http://127.0.0.1:8000", "a b.py:E"]
+)
+def test_run_directory_names_are_file_safe_and_the_same_in_train_and_process(spec: str, tmp_path: Path):
+    from atropos_cli.cli.train import default_train_out
+    from atropos_cli.runs.process import default_out_dir
+
+    trained, processed = default_train_out(spec), default_out_dir(spec, base=tmp_path)
+    assert trained.parent == Path("runs") and trained.name == f"train-{processed.name}"
+    assert all(c.isalnum() or c in "-_." for c in trained.name), trained.name
+
+
+def test_a_failed_start_leaves_out_reusable(tiny_model: Path, tmp_path: Path):
+    data, out = _rollouts(tmp_path / "r.jsonl"), tmp_path / "run"
+    args = ["train", "--data", str(data), "--out", str(out), "--steps", "1", "--groups-per-step", "2"]
+    failed = runner.invoke(app, [*args, "--model", str(tmp_path / "no-such-model")])
+    assert failed.exit_code == 2 and "error:" in failed.output
+    (out / "vllm.log").write_text("what a failed engine said\n")  # logs stay: an error's hint may name them
+    assert sorted(p.name for p in out.iterdir()) == ["vllm.log"]
+    retry = runner.invoke(app, [*args, "--model", str(tiny_model)])
+    assert retry.exit_code == 0, retry.output
+    assert (out / "checkpoints" / "step-1").is_dir() and (out / "vllm.log").is_file()
+
+
+FINITE_ENV = '''
+from atropos_cli.env.base import SimpleEnv
+
+
+class ThreeItems(SimpleEnv):
+    """Three items, then none: a taskset smaller than the run. Reward: an even-length reply (signal at random)."""
+
+    name = "three_items"
+
+    def items(self, split):
+        return [{"id": i, "q": str(i)} for i in range(3)]
+
+    def prompt(self, item):
+        return "Say " + item["q"]
+
+    def reward(self, completion, item):
+        return float(len(completion) % 2 == 0)
+'''
+
+
+@pytest.mark.parametrize("mode", ["stop", "cycle"])
+def test_an_env_that_runs_out_of_items_says_so_and_stops_or_cycles(mode: str, tiny_model: Path, tmp_path: Path):
+    env = tmp_path / "three_items.py"
+    env.write_text(FINITE_ENV)
+    args = ["train", str(env), "--model", str(tiny_model), "--out", str(tmp_path / mode), "--steps", "5"]
+    args += ["--groups-per-step", "1", "--env.group_size", "6", "--env.max_token_length", "8", "--lr", "3e-2"]
+    result = runner.invoke(app, [*args, *(["--on-exhausted", "stop"] if mode == "stop" else [])])
+    assert result.exit_code == 0, result.output
+    if mode == "stop":
+        trained = int(result.output.split("trained ")[1].split(" steps")[0])
+        assert trained <= 3
+        assert f"warning: the env ran out of items after {trained} of 5 steps (its 3 items)" in result.output
+        assert "hint: pass --on-exhausted cycle to start its items over" in result.output
+    else:
+        assert "the env's 3 items ran out: starting epoch 2" in result.output
+        assert "trained 5 steps" in result.output and "epochs over the env's 3 items" in result.output
+        assert "warning" not in result.output
+
+
+def test_train_prints_elapsed_and_eta_and_evaluates_every_n_steps(tiny_model: Path, tmp_path: Path):
+    env, out = tmp_path / "three_items.py", tmp_path / "run"
+    env.write_text(FINITE_ENV)
+    args = ["train", str(env), "--model", str(tiny_model), "--out", str(out), "--steps", "2", "--groups-per-step", "1"]
+    args += ["--env.group_size", "4", "--env.max_token_length", "8", "--lr", "3e-2", "--eval-every", "1"]
+    result = runner.invoke(app, [*args, "--eval-items", "2"])
+    assert result.exit_code == 0, result.output
+    steps = [line for line in result.output.splitlines() if line.startswith("step ")]
+    assert steps and all(" elapsed, ETA " in line for line in steps), result.output
+    evals = [line for line in result.output.splitlines() if line.startswith("eval at step ")]
+    assert [line.split(":")[0] for line in evals] == ["eval at step 1", "eval at step 2"], result.output
+    assert all("pass@1 " in line and ", 2 items, 0 failed samples" in line for line in evals), evals
+    logged = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["eval_num_items"] for m in logged if "eval_num_items" in m] == [2, 2]
+    assert all(0.0 <= m["eval_pass@1"] <= 1.0 for m in logged if "eval_pass@1" in m)
+
+
+def test_eval_every_needs_an_env_run(tmp_path: Path):
+    data = _rollouts(tmp_path / "r.jsonl")
+    result = runner.invoke(app, ["train", "--data", str(data), "--eval-every", "5", "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --eval-every evaluates the env of a one-process run")
+    assert not (tmp_path / "o").exists()

@@ -329,8 +329,9 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
             raise peer_lost(world, f"engine rank {world.rank} lost the trainer ({type(exc).__name__})") from None
 
     rollouts = EnvRollouts(  # every engine walks the one item stream and samples its share of each step's items
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, index, roles.engines
-    )
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, index, roles.engines,
+        on_exhausted=opts.on_exhausted,
+    )  # fmt: skip
     try:
         if receiver.wait_for(0, opts.dist_timeout):
             step = receiver.received  # the trainer's step count: a resumed run goes on from there

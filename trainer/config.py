@@ -67,8 +67,12 @@ class GRPOConfig(BaseModel):
     """Drop groups whose rewards are all equal, as DAPO does (default: the preset's)."""
     max_completion_len: int = Field(1024, ge=1)
     """L_max of Dr. GRPO's constant loss normaliser."""
-    lr: float = Field(1e-5, gt=0)
-    """Learning rate (when not given: 3e-4 for the shipped atropos-tiny-arith, else 1e-5)."""
+    lr: float = Field(
+        DEFAULT_LR,
+        gt=0,
+        json_schema_extra={"cli_default": f"{TINY_MODEL_LR:g} for the shipped {DEFAULT_MODEL}, else {DEFAULT_LR:g}"},
+    )
+    """Learning rate."""
     weight_decay: float = Field(0.0, ge=0)
     """AdamW weight decay."""
     betas: tuple[float, float] = (0.9, 0.99)
@@ -195,6 +199,14 @@ class RunOptions(BaseModel):
     """Groups per optimizer step (env/files)."""
     epochs: int = Field(1, ge=1)
     """Passes over --data."""
+    eval_every: int = Field(0, ge=0)
+    """Every N steps, sample the env's eval split (its first --eval-items items, group-size samples each) from
+    the new weights: mean score and pass@1 on a line of their own and in metrics.jsonl (0: never). Env runs."""
+    eval_items: int = Field(32, ge=1)
+    """Eval items per --eval-every evaluation."""
+    on_exhausted: Literal["cycle", "stop"] = "cycle"
+    """When the env's items run out before --steps: cycle (start them over: one more epoch, said on stderr) or
+    stop (end the run there, with a warning)."""
     api_batch_size: int = Field(64, ge=1)
     """Sequences per step when behind an API."""
     wait_timeout: float = Field(600.0, gt=0)
@@ -226,8 +238,15 @@ class RunOptions(BaseModel):
     """Also log to TensorBoard (needs tensorboard)."""
 
     def check_async(self) -> None:
-        """The disaggregated loop's flags fit together (a ConfigError with a hint otherwise)."""
+        """The disaggregated loop's flags fit together, and --eval-every has an env to evaluate (a ConfigError
+        with a hint otherwise)."""
         from atropos_cli.errors import ConfigError
+
+        if self.eval_every and (self.data or self.api_url or self.nproc_per_node > 1):
+            raise ConfigError(
+                "--eval-every evaluates the env of a one-process run: not with --data, --api-url or --nproc-per-node",
+                hint="drop --eval-every, or run `atropos evaluate ENV --model OUT/checkpoints/step-N` on a checkpoint",
+            )
 
         k = self.inference_gpus
         if self.max_staleness and not k:

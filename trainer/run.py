@@ -24,6 +24,7 @@ from atropos_cli.errors import ConfigError, OutputExistsError
 
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
+from .data.rollouts import EnvRollouts
 from .data.sources import CheckedBatches, FileData, from_rank0, gathered
 from .step.grpo import GRPOTrainer, train
 from .step.metrics import MetricsSink
@@ -78,12 +79,18 @@ class RunSummary(BaseModel):
     groups_per_step: int = 0
     epochs: int = 0
     groups_skipped: int = 0  # --api-url: groups the model cannot train (token ids, scores), skipped
+    env_exhausted: bool = False  # the env's items ran out and the run stopped there
+    env_restartable: bool = True  # False: the env cannot start its items over (no restart_items)
+    env_items: int | None = None  # the env's items in one pass, when a pass ended
+    env_epochs: int = 1  # passes over the env's items (--on-exhausted cycle)
 
 
-def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
+def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> bool:
+    """Check --out against --resume/--overwrite and save the run's config in it; True when it starts empty."""
     saved = out / CONFIG_FILE
     current = {"grpo": config.model_dump(mode="json"), "run": opts.model_dump(mode="json")}
-    if out.exists() and any(out.iterdir()):
+    fresh = not out.exists() or all(_is_log(entry) for entry in out.iterdir())
+    if not fresh:
         if opts.resume and saved.is_file():
             before = read_saved(saved, "restore it from the run, or train into a new --out")
             changed = [k for k in config_diff(before, current) if k not in _RESUMABLE]
@@ -94,12 +101,31 @@ def _prepare_out(out: Path, opts: RunOptions, config: GRPOConfig) -> None:
                 )
         elif opts.overwrite:
             shutil.rmtree(out)
+            fresh = True
         elif not opts.resume:
             raise OutputExistsError(
                 f"output directory {str(out)!r} is not empty", hint="pass --resume to continue or --overwrite"
             )
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(current, indent=2))
+    return fresh
+
+
+def _is_log(entry: Path) -> bool:
+    return entry.is_file() and entry.suffix == ".log"
+
+
+def _clear_untrained(out: Path) -> None:
+    """A run that trained nothing (its start failed, or it stopped before step 1) leaves --out as it found it,
+    so the corrected retry is not refused: only its logs stay (vllm.log, which the error's hint names), and a
+    directory of logs alone counts as empty."""
+    if not out.is_dir() or latest_checkpoint(out) is not None:
+        return
+    for entry in out.iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+        elif not _is_log(entry):
+            entry.unlink()
 
 
 def _source(
@@ -145,7 +171,6 @@ def _source(
             )
         if not dist.is_main:  # rank 0 runs the env workers and the server; the others save on the same steps
             return from_rank0(None, dist), CheckpointSync(out, opts.sync_every), None
-    from .data.rollouts import EnvRollouts
 
     server: dict[str, Any]
     backend: Any = None
@@ -171,8 +196,9 @@ def _source(
     # data-parallel rollouts (local engines): each rank collects its share of the one item stream
     rank, world = (dist.rank, dist.world) if dist is not None and opts.inference == "local" else (0, 1)
     rollouts = EnvRollouts(
-        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, rank=rank, world=world
-    )
+        opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, rank=rank, world=world,
+        on_exhausted=opts.on_exhausted, on_event=on_event,
+    )  # fmt: skip
     stack.callback(rollouts.close)
     if colocated is not None:
         from .weights.sync import ColocateSync
@@ -263,6 +289,22 @@ def _saving(batches: Any, path: Path, trainer: GRPOTrainer) -> Any:
         yield batch
 
 
+def _evaluating(sync: Any, rollouts: EnvRollouts, opts: RunOptions, trainer: GRPOTrainer) -> Any:
+    """The after-step sync, then every --eval-every steps the env's eval split on the synced weights (its
+    metrics join the step's). An env without eval items fails here, before the first step."""
+    from atropos_cli.runs.evaluate import eval_items
+
+    eval_items(rollouts.env, 1)
+
+    def after_step(trained: GRPOTrainer) -> dict[str, Any]:
+        metrics = dict(sync(trained) or {}) if sync is not None else {}
+        if trained.step_count % opts.eval_every == 0:
+            metrics |= rollouts.evaluate(opts.eval_items)
+        return metrics
+
+    return after_step
+
+
 def _cap_max_len(trainer: GRPOTrainer, on_event: Callable[[str], None]) -> None:
     """Rollouts longer than the model's positions cannot train correctly: max_len never exceeds them."""
     limit = max_positions(trainer.model)
@@ -307,10 +349,10 @@ def run_training(
 
         check_can_colocate(opts.nproc_per_node)  # before anything is written or loaded
     dist = _join_ranks(opts, config)
-    finished = False
+    finished = fresh = False
     try:
         if dist is None or dist.is_main:
-            _prepare_out(out, opts, config)
+            fresh = _prepare_out(out, opts, config)
         else:  # one rank speaks: the others train silently and write nothing but their checkpoint shards
             on_step, on_event = (lambda _: None), (lambda _: None)
             opts = opts.model_copy(update={"plot": False, "wandb_project": None, "tensorboard": False})
@@ -334,6 +376,8 @@ def run_training(
             if finished:  # every rank reaches the teardown before any leaves: a gloo rank whose peer has already
                 dist.barrier()  # torn its group down can abort ("terminate called without an active exception")
             dist.close()
+        if fresh:
+            _clear_untrained(out)
 
 
 def _run(
@@ -389,6 +433,8 @@ def _run(
             batches = probe.watch(batches, trainer)
         if opts.save_rollouts and (dist is None or dist.is_main):
             batches = _saving(batches, out / TRAINED_ROLLOUTS, trainer)
+        if opts.eval_every and isinstance(source, EnvRollouts):
+            sync = _evaluating(sync, source, opts, trainer)
         try:
             train(trainer, batches, record, sync)
         except KeyboardInterrupt:
@@ -404,6 +450,9 @@ def _run(
                 summary.groups_skipped = source.skipped
             elif source is not None and not isinstance(source, FileData):  # the env rollouts
                 summary.rollouts_failed = source.counts.failed_rollouts + source.counts.failed_groups
+                if isinstance(source, EnvRollouts):
+                    summary.env_exhausted, summary.env_restartable = source.exhausted, source.restartable
+                    summary.env_items, summary.env_epochs = source.epoch_size, source.epoch
     _finish(summary, rewards, opts, config, source)
     if opts.plot and rewards:
         from .plot import plot_reward_curve

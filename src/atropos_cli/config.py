@@ -60,6 +60,9 @@ class ServerConfig(BaseModel):
     dtype: str = "auto"
 
 
+QUICK_GROUPS = 64  # groups a `process` run of the offline example env, or of an adapter's env, collects by default
+
+
 class EnvConfig(BaseModel):
     """Atropos' `BaseEnvConfig` fields with the same names and meanings, plus a few of ours."""
 

@@ -51,6 +51,7 @@ __all__ = [
     "ApiInvalid",
     "ApiWaitTimeout",
     "WireError",
+    "PortUnavailableError",
     "EnvCodeError",
     "RunAborted",
     "JudgeOutputError",
@@ -245,6 +246,10 @@ class WireError(ApiError):
         super().__init__(message, hint)
         self.status = status
         self.reason = reason
+
+
+class PortUnavailableError(AtroposError):
+    """A server cannot listen on its host:port (taken by another process, or not an address of this machine)."""
 
 
 class EnvCodeError(AtroposError):

@@ -15,8 +15,10 @@ else h11):
   the soft file-descriptor limit is raised to the hard one, and the cap lowered below it if need be, so the
   cap, not EMFILE, is what binds.
 
-`uvicorn_config(app, limits, ...)` builds the `uvicorn.Config`; `serve(app, host, port, limits)` runs it in the
-foreground (the CLI). uvicorn is imported inside the functions: `atropos --help` never loads it.
+`listen(host, port)` is the one place a server binds its port: a port already taken is a `PortUnavailableError`
+(`error:`/`hint:` lines, exit 1) before the server says it is serving. `uvicorn_config(app, limits, ...)` builds
+the `uvicorn.Config`; `serve(app, listener, limits)` runs it on that socket in the foreground (the CLI).
+uvicorn is imported inside the functions: `atropos --help` never loads it.
 `GuardedHTTPServer` / `GuardedHandler` give the stdlib server of `atropos view --serve` the same guard
 (`httpguard.refusal`), header deadline and connection cap.
 """
@@ -33,10 +35,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from atropos_cli.errors import PortUnavailableError
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "listen", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer",
+    "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {
@@ -263,11 +267,31 @@ def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "au
     )
 
 
-def serve(app: Any, host: str, port: int, limits: HttpLimits | None = None, log_level: str = "warning") -> None:
-    """Run `app` on host:port in the foreground with `limits` (what `uvicorn.run` does, plus the limits)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to host:port and listening (port 0: any free port, read it from `getsockname()`).
+    Every server we run binds here, so a taken port reads the same everywhere. `IPPROTO_TCP`: asyncio sets
+    TCP_NODELAY only on sockets whose proto says TCP (else keep-alive answers wait ~40 ms on Nagle)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port in TIME_WAIT is free; a listened one is not
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise PortUnavailableError(
+            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+            hint="pick another --port (or --port 0 for any free port), or stop what holds it",
+        ) from None
+    return sock
+
+
+def serve(app: Any, listener: socket.socket, limits: HttpLimits | None = None, log_level: str = "warning") -> None:
+    """Run `app` on `listener` (from `listen`) in the foreground with `limits` (`uvicorn.run` plus the limits)."""
     import uvicorn
 
-    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level=log_level)).run()
+    host, port = listener.getsockname()[:2]
+    uvicorn.Server(uvicorn_config(app, limits, host=host, port=port, log_level=log_level)).run(sockets=[listener])
 
 
 class GuardedHTTPServer(ThreadingHTTPServer):
@@ -285,7 +309,11 @@ class GuardedHTTPServer(ThreadingHTTPServer):
         self.limits = limits or HttpLimits()
         self.hosts = hosts or HostPolicy(address[0])
         self._open, self._open_lock = 0, threading.Lock()
-        super().__init__(address, handler)
+        super().__init__(address, handler, bind_and_activate=False)
+        self.socket.close()
+        self.socket = listen(*address)  # a taken port fails as every server's does
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = address[0], int(self.server_address[1])
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,10 +88,23 @@ class _StreamRandom:
 class ItemStream:
     """An env's items, block by block, of which this rank keeps `share(len(block), world, rank)`."""
 
-    def __init__(self, env: Any, seed: int, rank: int = 0, world: int = 1) -> None:
+    def __init__(
+        self,
+        env: Any,
+        seed: int,
+        rank: int = 0,
+        world: int = 1,
+        on_exhausted: str = "cycle",
+        on_event: Callable[[str], None] = lambda _: None,
+    ) -> None:
         self.env, self.rank, self.world = env, rank, world
         self.drawn = 0  # the stream index of the next item
         self.random = _StreamRandom(seed)
+        self.on_exhausted, self.on_event = on_exhausted, on_event
+        self.epoch, self.epoch_items = 1, 0  # the pass over the env's items, and the items it has taken so far
+        self.exhausted = False  # the items ran out and the run stops (--on-exhausted stop, or no restart_items)
+        self.restartable = True
+        self.epoch_size: int | None = None  # the env's items in one pass, once a pass has ended
 
     async def setup(self) -> None:
         with self.random:  # a dataset shuffled in setup() with `random` is shuffled alike on every rank
@@ -102,15 +116,33 @@ class ItemStream:
         with self.random:
             for _ in range(n):
                 item = await self.env.get_next_item()
+                if item is None and self.epoch_items and self._next_epoch():
+                    item = await self.env.get_next_item()
                 if item is None:
+                    self.exhausted = True
+                    self.epoch_size = self.epoch_items if self.epoch_size is None else self.epoch_size
                     break
                 items.append(item)
+                self.epoch_items += 1
         if not items:
             return None
         digest = digest_of(",".join(item_digest(item) for item in items))
         block = Block(self.drawn, items, share(len(items), self.world, self.rank), digest)
         self.drawn += len(items)
         return block
+
+
+    def _next_epoch(self) -> bool:
+        """The env's items ran out: start them over (--on-exhausted cycle) if the env can, and say so."""
+        if self.on_exhausted != "cycle":
+            return False
+        self.epoch_size = self.epoch_items
+        self.restartable = bool(self.env.restart_items())
+        if not self.restartable:
+            return False
+        self.on_event(f"the env's {self.epoch_items} items ran out: starting epoch {self.epoch + 1}")
+        self.epoch, self.epoch_items = self.epoch + 1, 0
+        return True
 
 
 class StreamCheck:

@@ -11,13 +11,16 @@ engine ranks of `--inference-gpus`) the items come from one stream: every rank w
 share of each step's items (`item_stream.py`). The step's rows are announced to an in-process
 engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
 never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
+When the env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch,
+announced) and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval
+split on the engine's current weights (`atropos train --eval-every`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from atropos_cli.errors import AtroposError
@@ -43,6 +46,8 @@ class EnvRollouts:
         backend: Any = None,
         rank: int = 0,
         world: int = 1,
+        on_exhausted: str = "cycle",
+        on_event: Callable[[str], None] = lambda _: None,
     ) -> None:
         from atropos_cli.env.loading import resolve_run_config
         from atropos_cli.inference.router import ServerManager
@@ -60,10 +65,27 @@ class EnvRollouts:
         self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
         self.env = env_cls(self.env_config, self.manager)
         self.counts = RolloutCounts()
-        # every rank walks the one stream (the same seed everywhere) and keeps its share of each step's items
-        self.stream = ItemStream(self.env, int(self.env_config.seed), rank, world)
+        # every rank walks the one stream (the same seed everywhere) and keeps its share of each step's items;
+        # when the env's items run out, every rank starts them over (or stops) at the same item
+        self.stream = ItemStream(self.env, int(self.env_config.seed), rank, world, on_exhausted, on_event)
         self.block: Block | None = None  # the step's items (the last drawn)
         self.loop.run_until_complete(self.stream.setup())
+
+    @property
+    def exhausted(self) -> bool:
+        return self.stream.exhausted
+
+    @property
+    def restartable(self) -> bool:
+        return self.stream.restartable
+
+    @property
+    def epoch(self) -> int:
+        return self.stream.epoch
+
+    @property
+    def epoch_size(self) -> int | None:
+        return self.stream.epoch_size
 
     @property
     def temperature(self) -> float:
@@ -113,6 +135,23 @@ class EnvRollouts:
                 hint="serve the model with a tokenizer (--openai.tokenizer_name) or use --inference local",
             )
         return groups
+
+    def evaluate(self, limit: int) -> dict[str, float]:
+        """The env's eval split (its first `limit` items, group-size samples each, seeded by item) sampled from
+        the engine's current weights, scored as `atropos evaluate` scores it: eval_mean_score, eval_pass@1, ..."""
+        return self.loop.run_until_complete(self._evaluate(limit))
+
+    async def _evaluate(self, limit: int) -> dict[str, float]:
+        from atropos_cli.runs.evaluate import eval_items, item_results, outcome_samples
+        from atropos_cli.runs.metrics import summarise
+        from atropos_cli.runs.rollout import collect_group
+
+        items = eval_items(self.env, limit)
+        k = int(self.env_config.group_size)
+        with self._one_batch(len(items)):
+            outcomes = await asyncio.gather(*(collect_group(self.env, item, i) for i, item in enumerate(items)))
+        samples = [s for i, outcome in enumerate(outcomes) for s in outcome_samples(outcome, i, k, threshold=1.0)]
+        return {f"eval_{name}": value for name, value in summarise(item_results(samples), k).items()}
 
     def _one_batch(self, groups: int) -> Any:
         """The step's rollouts (`groups` x group size rows) announced to an in-process engine, so they reach it as

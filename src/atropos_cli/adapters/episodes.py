@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from pydantic import Field
 
-from atropos_cli.config import EnvConfig
+from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, trace_fields
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
@@ -33,6 +33,7 @@ __all__ = ["EpisodeConfig", "EpisodeEnv", "Episode", "Step", "episode_seed"]
 
 
 class EpisodeConfig(EnvConfig):
+    total_steps: int = Field(QUICK_GROUPS, ge=1, description="Episodes (groups) a run collects (atropos process).")
     max_turns: int = Field(8, ge=1, description="Model replies per episode; the episode is truncated after them.")
     system_prompt: str | None = Field(None, description="A system message before the first observation.")
     eval_episodes: int = Field(20, ge=1, description="Episodes of the eval split (atropos evaluate).")

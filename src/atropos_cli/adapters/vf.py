@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos_cli.config import EnvConfig
+from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.base import BaseEnv, SimpleEnv
 from atropos_cli.errors import ConfigError, EnvLoadError, EnvNotFoundError
 from atropos_cli.types import Message, ScoredGroup
@@ -36,6 +36,7 @@ INSTALL_HINT = "install verifiers beside atropos: pip install verifiers==0.4.0"
 
 
 class VerifiersConfig(EnvConfig):
+    total_steps: int = Field(QUICK_GROUPS, ge=1, description="Tasks (groups) a run collects (atropos process).")
     taskset_args: dict[str, Any] = Field(
         default_factory=dict,
         description="The taskset's config fields as JSON (vf-eval's --env.taskset.*), e.g. '{\"num_tasks\": 10}'.",

@@ -66,8 +66,10 @@ def api_command(
     with cli_errors():
         from atropos_cli.api.app import create_app
         from atropos_cli.api.service import ApiSettings
-        from atropos_cli.httpserve import serve
+        from atropos_cli.httpserve import listen, serve
 
+        listener = listen(host, port)  # a taken port fails before the state is opened or anything is printed
+        port = listener.getsockname()[1]
         settings = ApiSettings(
             state_dir=state_dir,
             max_queue_groups=max_queue_groups,
@@ -99,7 +101,7 @@ def api_command(
             console.print("auth: bearer token required on every endpoint")
         elif host not in ("127.0.0.1", "localhost", "::1"):
             console.print(f"[yellow]warning:[/] bound to {host} without --api-key: anyone who can reach it can post")
-        serve(app, host, port, HttpLimits(**limits), log_level=os.environ.get("ATROPOS_API_LOG", "warning"))
+        serve(app, listener, HttpLimits(**limits), log_level=os.environ.get("ATROPOS_API_LOG", "warning"))
 
 
 def register(app: typer.Typer) -> None:

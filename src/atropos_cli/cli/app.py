@@ -2,11 +2,17 @@
 one-line help) without importing a single command module; running a command imports only its module, whose
 `register(app)` defines it. A test checks that each one-line help here is the first line of the command's own
 help, so the two cannot drift apart.
+
+The group also owns how the CLI fails before a command runs: an unknown command gets a did-you-mean, and usage
+errors (Typer/click's) print as the same `error:`/`hint:` lines as every other error (exit 2), not in a box.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
+from collections.abc import Sequence
+from difflib import get_close_matches
 from typing import Any, NamedTuple
 
 import typer
@@ -43,10 +49,6 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.envs",
         "List bundled envs (and envs installed through the `atropos.envs` entry point) with a one-line description.",
     ),
-    "models": LazyCommand(
-        "atropos_cli.cli.models",
-        "List the supported model families, their published shapes and the path rollouts and training take.",
-    ),
     "api": LazyCommand(
         "atropos_cli.cli.api",
         "Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire).",
@@ -70,6 +72,10 @@ COMMANDS: dict[str, LazyCommand] = {
     "export": LazyCommand(
         "atropos_cli.cli.export",
         "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server).",
+    ),
+    "models": LazyCommand(
+        "atropos_cli.cli.models",
+        "List the shipped models with their directories, and the supported model families with their paths.",
     ),
     "inference": LazyCommand(
         "atropos_cli.cli.inference",
@@ -112,6 +118,88 @@ class LazyGroup(TyperGroup):
         finally:
             self._listing = False
 
+    def resolve_command(self, ctx: Any, args: list[str]) -> Any:
+        """An unknown command is a usage error that names the closest ones (`atropos trian`: did you mean
+        'train'?); Typer's own suggestion reads `self.commands`, which a lazy group leaves empty."""
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            close = get_close_matches(name, COMMANDS, n=3, cutoff=0.6)
+            guess = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+            raise usage_error(ctx, f"no such command {name!r}{guess}", "the commands: " + ", ".join(COMMANDS))
+        return super().resolve_command(ctx, args)
+
+    def main(  # type: ignore[override]  # (the same parameters, by keyword)
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        """Run the CLI; a usage error (an unknown option, a missing argument, a bad value) prints in the
+        `error:`/`hint:` format of every other error instead of Typer's box, and exits 2."""
+        if not standalone_mode:
+            return super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        from typer._click.exceptions import ClickException
+
+        try:
+            code = super().main(args=args, prog_name=prog_name, standalone_mode=False, **extra)
+        except ClickException as exc:
+            print_usage_error(exc)
+            sys.exit(exc.exit_code)
+        except typer.Abort:
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+def usage_error(ctx: Any, message: str, hint: str) -> Any:
+    """A usage error (exit 2) carrying a hint, printed by `print_usage_error`."""
+    from typer._click.exceptions import UsageError
+
+    error = UsageError(message, ctx)
+    error.hint = hint  # type: ignore[attr-defined]
+    return error
+
+
+def print_usage_error(exc: Any) -> None:
+    """`error: <what>` and `hint: <the fix, or where the help is>` on stderr."""
+    from atropos_cli.cli.common import fail
+
+    if type(exc).__name__ == "NoArgsIsHelpError":  # the help was printed: nothing is wrong
+        return
+    ctx = getattr(exc, "ctx", None)
+    hint = getattr(exc, "hint", None)
+    if hint is None and ctx is not None:
+        hint = f"see '{ctx.command_path} --help'"
+    message = exc.format_message()
+    fail(message[:1].lower() + message[1:].rstrip("."), hint)
+
+
+def fold_help_tables() -> None:
+    """Rich cuts a table cell's word that does not fit with '…' (at 80 columns: `--micro-batch-to…`); Typer's
+    option tables and help cells leave Rich's default, so here they fold such a word onto the next line instead."""
+    from rich.columns import Columns
+    from rich.table import Table
+    from rich.text import Text
+    from typer import rich_utils
+
+    class FoldingTable(Table):
+        def add_row(self, *cells: Any, **kwargs: Any) -> None:
+            super().add_row(*cells, **kwargs)
+            for column in self.columns:
+                column.overflow = "fold"
+
+    class FoldingColumns(Columns):  # an option's help: its text, [default: ...], [env var: ...]
+        def __init__(self, renderables: Any = None, *args: Any, **kwargs: Any) -> None:
+            super().__init__(renderables, *args, **kwargs)
+            for item in self.renderables:
+                if isinstance(item, Text) and item.overflow is None:
+                    item.overflow = "fold"
+
+    rich_utils.Table = FoldingTable  # type: ignore[misc]
+    rich_utils.Columns = FoldingColumns  # type: ignore[misc]
+
+
+fold_help_tables()
 
 app = typer.Typer(
     name="atropos",

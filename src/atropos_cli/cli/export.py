@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from atropos_cli.cli.common import DottedCommand, cli_errors, console, fail, warn
+from atropos_cli.cli.common import DottedCommand, cli_errors, console, warn
 from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import HostPolicy, is_loopback_name
 
@@ -49,24 +49,16 @@ def openenv_command(
         exported = build_exported_env(env, list(ctx.args), str(config) if config else None)
         if not is_loopback_name(host) and not api_key:
             warn(f"binding {host} without --api-key: anyone who can reach this port can play the env")
-        url = f"http://{host}:{port}"
+        from atropos_cli.httpserve import listen, uvicorn_config
+
+        listener = listen(host, port)
+        url = f"http://{host}:{listener.getsockname()[1]}"
 
         def ready() -> None:
             console.print(f"serving {exported.env.name} as an OpenEnv env on {url} (Ctrl-C stops)", soft_wrap=True)
 
-        import socket
-
         import uvicorn
 
-        from atropos_cli.httpserve import uvicorn_config
-
-        listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            listener.bind((host, port))
-        except OSError as exc:
-            listener.close()
-            raise fail(f"cannot serve on {host}:{port}: {exc.strerror}", hint="pick another --port") from None
         failed: list[AtroposError] = []
 
         def setup_failed(exc: AtroposError) -> None:  # the env's setup() raised: stop, then say it in one line

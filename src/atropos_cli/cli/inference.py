@@ -46,13 +46,18 @@ def inference_command(
     **limits: Any,
 ) -> None:
     """Serve a local causal LM over an OpenAI-compatible API (/v1/chat/completions, /v1/completions, /health,
-    POST /reload_weights {"path": DIR} to swap in new weights without restarting)."""
+    POST /reload_weights {"path": DIR} to swap in new weights without restarting).
+
+    `atropos models` prints the shipped models' directories (TRL and transformers load them: from_pretrained).
+    """
     with cli_errors():
         from atropos_cli.config import ServerConfig
-        from atropos_cli.httpserve import serve
+        from atropos_cli.httpserve import listen, serve
         from atropos_cli.inference.local import LocalBackend
         from atropos_cli.inference.server import ServerSettings, create_app
 
+        listener = listen(host, port)  # a taken port fails before the model loads
+        port = listener.getsockname()[1]
         config = ServerConfig(server_type="local", model_name=model, device=device, dtype=dtype)
         backend = LocalBackend(config, max_batch_size=max_batch_size, max_wait_s=max_wait_ms / 1000)
         console.print(
@@ -67,7 +72,7 @@ def inference_command(
             console.print("auth: bearer token required on every endpoint")
         elif host not in ("127.0.0.1", "localhost", "::1"):
             console.print(f"[yellow]warning:[/] bound to {host} without --api-key: anyone who can reach it can use it")
-        serve(create_app(backend, settings), host, port, HttpLimits(**limits))
+        serve(create_app(backend, settings), listener, HttpLimits(**limits))
 
 
 def register(app: typer.Typer) -> None:

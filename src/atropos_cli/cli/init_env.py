@@ -21,7 +21,16 @@ def init_env_command(
     with cli_errors():
         env_file, test_file = scaffold_env(name, out, overwrite=overwrite)
     console.print(f"wrote {env_file} and {test_file}")
-    console.print(f"next: pytest {test_file}  ·  atropos process {env_file} --num-groups 8")
+    console.print(f"next: {_test_command(test_file)}  ·  atropos process {env_file} --num-groups 8", soft_wrap=True)
+
+
+def _test_command(test_file: Path) -> str:
+    """How to run the scaffolded test here: pytest is a dev tool, not in atropos' own extras (`.[local,plot]`),
+    so where it is missing the line says what to install first."""
+    from importlib.util import find_spec
+
+    run = f"pytest {test_file}"
+    return run if find_spec("pytest") is not None else f"pip install pytest && {run}"
 
 
 def register(app: typer.Typer) -> None:

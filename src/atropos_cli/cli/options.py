@@ -21,7 +21,7 @@ import typer
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-__all__ = ["ModelOptions", "with_options", "field_help", "flag_of", "AllowedHosts"]
+__all__ = ["ModelOptions", "with_options", "field_help", "flag_of", "AllowedHosts", "SHOWN_DEFAULT"]
 
 # `--allowed-host` of every server command (api, inference, view --serve): see `httpguard.HostPolicy`.
 AllowedHosts = Annotated[
@@ -34,6 +34,9 @@ AllowedHosts = Annotated[
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
+# A field's `json_schema_extra` key: the default `--help` shows when the field's own default is not what a run
+# uses (`Field(..., json_schema_extra={SHOWN_DEFAULT: "3e-4 for the shipped model, else 1e-5"})`).
+SHOWN_DEFAULT = "cli_default"
 _UNIONS = (Union, types.UnionType)
 
 
@@ -96,12 +99,14 @@ class ModelOptions:
         default = None if info.default_factory is not None else info.default
         bool_flag = annotation is bool or (_optional(annotation) and bool in get_args(annotation))
         names = [f"{flag}/--no-{flag[2:]}"] if bool_flag else [flag]
+        extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+        shown = extra.get(SHOWN_DEFAULT)  # a default that depends on other settings, said in words
         option = typer.Option(
             *names,
             help=field_help(info),
             rich_help_panel=self.panel,
             envvar=self.envvars.get(name),
-            show_default=default is not None and default != [],
+            show_default=str(shown) if shown else default is not None and default != [],
         )
         annotated = Annotated[_python_type(name, annotation), option]  # type: ignore[valid-type]
         return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotated)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -77,6 +78,48 @@ def _fmt(metrics: dict[str, Any], total: int) -> str:
     return "  ".join(p for p in parts if p)
 
 
+def _duration(seconds: float) -> str:
+    seconds = round(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def _eval_line(metrics: dict[str, Any]) -> str:
+    """--eval-every's line: the eval split's mean score and pass@1 on the weights of this step."""
+    line = f"eval at step {metrics['step']}: "
+    if "eval_mean_score" in metrics:
+        line += f"mean score {metrics['eval_mean_score']:.3f} ±{metrics.get('eval_mean_score_stderr', 0):.3f}, "
+    if "eval_pass@1" in metrics:
+        line += f"pass@1 {metrics['eval_pass@1']:.3f}, "
+    return line + f"{metrics['eval_num_items']} items, {metrics['eval_failed_samples']} failed samples"
+
+
+class StepPrinter:
+    """Prints each step's line with the time since the run started and an ETA: the mean time a step took so
+    far (waiting for rollouts included: metrics' loop_s) times the steps left. A resumed run counts from its
+    own first step."""
+
+    def __init__(self, total: int) -> None:
+        self.total, self.started = total, time.monotonic()
+        self.base: int | None = None  # the step count the run started from
+        self.loop_s = 0.0
+
+    def __call__(self, metrics: dict[str, Any]) -> None:
+        step = metrics["step"]
+        if self.base is None:
+            self.base = step if metrics.get("skipped") else step - 1
+        self.loop_s += metrics.get("loop_s", 0.0)
+        done = step - self.base
+        eta = _duration(self.loop_s / done * (self.total - step)) if done else "?"
+        timing = f"  {_duration(time.monotonic() - self.started)} elapsed, ETA {eta}"
+        console.print(_fmt(metrics, self.total) + timing, soft_wrap=True)
+        if "eval_num_items" in metrics:
+            console.print(_eval_line(metrics), soft_wrap=True)
+
+
 def _run_sft(sft: list[Path], values: dict[str, Any], out: Path) -> None:
     _load_trainer()
     from atropos_cli.trainer.sft import SFTConfig, run_sft
@@ -135,7 +178,7 @@ def train_command(
             return
         from atropos_cli.trainer.run import run_training
 
-        show = lambda m: console.print(_fmt(m, grpo.steps), soft_wrap=True)  # noqa: E731
+        show = StepPrinter(grpo.steps)
         event = lambda m: err_console.print(m, soft_wrap=True, markup=False)  # noqa: E731
         summary = run_training(opts, grpo, show, event)
         if _rank() == 0:  # one rank of a many-GPU run reports
@@ -168,12 +211,19 @@ def _layered(ctx: typer.Context, settings: dict[str, Any], config: Path | None) 
     return {**from_yaml, **GRPO_OPTIONS.given(ctx, settings), **RUN_OPTIONS.given(ctx, settings)}
 
 
+def default_train_out(env: str | None) -> Path:
+    """runs/train-<env>, <env> spelled as `process` names its run directory (file-name safe: `vf:x` -> `vf-x`)."""
+    from atropos_cli.env.registry import spec_stem
+
+    return Path("runs") / f"train-{spec_stem(env or 'arithmetic')}"
+
+
 def _configs(values: dict[str, Any], env: str | None, out: Path | None, dotted: list[str], config: Path | None):
     from atropos_cli.config import validate_model
     from atropos_cli.trainer.config import GRPOConfig, RunOptions
 
     grpo_values = {k: v for k, v in values.items() if k in GRPO_OPTIONS.fields()}
-    grpo_values["out"] = str(out or Path(f"runs/train-{Path(env or 'arithmetic').stem}"))
+    grpo_values["out"] = str(out or default_train_out(env))
     run_values = {k: v for k, v in values.items() if k in RUN_OPTIONS.fields()}
     run_values |= {"env": env, "dotted_args": dotted, "env_config_path": str(config) if config else None}
     if isinstance(run_values.get("vllm_args"), list | tuple):  # each --vllm-args value is split like a shell line
@@ -197,6 +247,8 @@ def _report(summary: Any, asked: int) -> None:
         )
     if summary.rollouts_failed:
         line += f" ({summary.rollouts_failed} rollouts failed)"
+    if summary.env_epochs > 1:
+        line += f"; {summary.env_epochs} epochs over the env's {summary.env_items} items"
     console.print(line, soft_wrap=True)
     if summary.groups_skipped:
         warn(
@@ -218,6 +270,19 @@ def _report(summary: Any, asked: int) -> None:
             f"({summary.groups_available} groups, {summary.groups_per_step} per step, {summary.epochs} epoch(s))"
         )
         err_console.print("[yellow]hint:[/] raise --epochs, lower --groups-per-step or --steps, or add rollouts")
+    if summary.env_exhausted and summary.steps < asked:
+        _report_exhausted(summary, asked)
+
+
+def _report_exhausted(summary: Any, asked: int) -> None:
+    """The env's items ran out before --steps: say when, and how to go on."""
+    items = f"its {summary.env_items} items" if summary.env_epochs == 1 else f"{summary.env_epochs} epochs"
+    warn(f"the env ran out of items after {summary.steps} of {asked} steps ({items})")
+    if not summary.env_restartable:
+        hint = "this env cannot start its items over (no restart_items): make get_next_item cycle, or lower --steps"
+    else:
+        hint = "pass --on-exhausted cycle to start its items over (epochs), or lower --steps"
+    err_console.print(f"[yellow]hint:[/] {hint}", soft_wrap=True)
 
 
 def register(app: typer.Typer) -> None:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NamedTuple
 
 import typer
 
-from atropos_cli.cli.common import cli_errors, console, err_console, fail
+from atropos_cli.cli.common import cli_errors, console, err_console
 from atropos_cli.cli.options import AllowedHosts
 from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import HostPolicy
@@ -193,13 +193,7 @@ def serve(
     allowed: list[str] | None = None,
     tokenizer: str | None = None,
 ) -> None:
-    try:
-        server = _ViewServer((host, port), inputs, out, title, allowed or [], tokenizer)
-    except OSError as exc:
-        raise fail(
-            f"cannot listen on {host}:{port}: {exc.strerror or exc}",
-            hint="pick another --port (or --port 0 for any free port)",
-        ) from None
+    server = _ViewServer((host, port), inputs, out, title, allowed or [], tokenizer)
     console.print(
         f"serving http://{host}:{server.server_port}/ (re-rendered on each reload; Ctrl-C to stop)", soft_wrap=True
     )

@@ -174,6 +174,11 @@ class BaseEnv:
     async def get_next_item(self) -> Item | None:
         raise NotImplementedError(f"{type(self).__name__} must implement get_next_item()")
 
+    def restart_items(self) -> bool:
+        """Start the train items over (one more epoch) once `get_next_item` returned None; False when this env
+        cannot (`atropos train --on-exhausted cycle` then stops, and says why). Not part of Atropos' API."""
+        return False
+
     async def collect_trajectory(self, item: Item) -> tuple[dict[str, Any] | None, list[Item]]:
         raise NotImplementedError(
             f"{type(self).__name__} must implement collect_trajectories() or collect_trajectory()"
@@ -298,6 +303,10 @@ class SimpleEnv(BaseEnv):
 
     async def get_next_item(self) -> Item | None:
         return next(self._train_items, None)
+
+    def restart_items(self) -> bool:
+        self._train_items = iter(self.items("train"))
+        return True
 
     def messages_for(self, item: Item) -> list[Message]:
         prompt = self.prompt(item)

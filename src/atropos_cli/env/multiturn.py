@@ -172,6 +172,10 @@ class MultiTurnEnv(BaseEnv):
             await self.setup()
         return next(self._train, None)
 
+    def restart_items(self) -> bool:
+        self._train = self.items("train")
+        return True
+
     async def collect_trajectories(self, item: Any) -> tuple[ScoredGroup | None, list[Any]]:
         started = time.perf_counter()
         plays = (self.play(item) for _ in range(self.config.group_size))

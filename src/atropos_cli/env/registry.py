@@ -257,8 +257,12 @@ def spec_stem(spec: str) -> str:
     head, _, rest = spec.partition(":")
     if head in ADAPTERS and rest:
         tail = re.split(r"[:/\\]", rest.rstrip("/\\"))[-1]
-        return f"{head}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', Path(tail).stem or tail)}"
-    return Path(head).stem
+        return f"{head}-{_file_safe(Path(tail).stem or tail)}"
+    return _file_safe(Path(head).stem)
+
+
+def _file_safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
 
 
 def _resolve_adapter(prefix: str, target: str, spec: str) -> type[BaseEnv]:

@@ -25,11 +25,13 @@ import os
 import random
 import re
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from atropos_cli.errors import AtroposError
 from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, prompt_list
 
 __all__ = ["FakeInferenceServer", "Rule", "main"]
@@ -394,7 +396,12 @@ def main(argv: list[str] | None = None) -> None:
     stopping = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stopping.set())
-    server.start()
+    try:
+        server.start()
+    except AtroposError as exc:  # a taken port: the lines and exit code of every server's
+        print(f"error: {exc.text}", file=sys.stderr)
+        print(f"hint: {exc.hint}", file=sys.stderr)
+        sys.exit(exc.exit_code)
     print(server.base_url, flush=True)
     try:
         while not stopping.wait(0.5):

@@ -1,14 +1,12 @@
 """Run an ASGI app with uvicorn in a background thread on 127.0.0.1: the one helper tests and fakes share.
 The server has the connection limits of every server we run (`httpserve.HttpLimits`).
 
-The listening socket is bound before the thread starts (port 0: the OS picks a free port and we hold it, so
-there is no race), and it is created with `proto=IPPROTO_TCP`: asyncio sets TCP_NODELAY only on sockets whose
-proto says TCP, and without it every keep-alive response waits ~40 ms on Nagle + delayed ACK.
+The listening socket is bound (`httpserve.listen`, as every server's) before the thread starts (port 0: the OS
+picks a free port and we hold it, so there is no race); a taken port is a `PortUnavailableError`.
 """
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,11 +44,9 @@ class ThreadedServer:
     def start(self, timeout_s: float = 30.0) -> ThreadedServer:
         import uvicorn
 
-        from atropos_cli.httpserve import uvicorn_config
+        from atropos_cli.httpserve import listen, uvicorn_config
 
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
+        sock = listen(self.host, self.port)
         self.port = int(sock.getsockname()[1])
         config = uvicorn_config(
             self.app, self.limits, self.parser, log_level="warning", access_log=False, lifespan=self.lifespan,

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import math_verify  # noqa: F401  (as in atroposlib, loading this reward without math-verify fails)
+
 from atropos_cli.compat.atroposlib.envs.reward_fns._math import THINK_END, verify_answer
 from atropos_cli.compat.atroposlib.envs.reward_fns.registry import registry
 from atropos_cli.compat.atroposlib.envs.reward_fns.reward_function import RewardFunction
@@ -15,8 +17,6 @@ from atropos_cli.compat.atroposlib.envs.reward_fns.reward_function import Reward
 __all__ = ["AccuracyReward", "accuracy_reward"]
 
 logger = logging.getLogger(__name__)
-
-import math_verify  # noqa: E402,F401  (as in atroposlib, loading this reward without math-verify fails)
 
 
 def golds(gold: Any, n: int) -> list[Any]:

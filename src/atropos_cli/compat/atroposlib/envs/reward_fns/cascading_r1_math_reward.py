@@ -10,13 +10,13 @@ import logging
 import re
 from typing import Any
 
+import math_verify  # noqa: F401  (as in atroposlib, loading this reward without math-verify fails)
+
 from atropos_cli.compat.atroposlib.envs.reward_fns._math import THINK_END, verify_answer
 
 __all__ = ["cascading_r1_math_reward", "accuracy_reward", "format_reward", "get_completion_content"]
 
 logger = logging.getLogger(__name__)
-
-import math_verify  # noqa: E402,F401  (as in atroposlib, loading this reward without math-verify fails)
 
 
 def get_completion_content(completion: Any) -> str:
