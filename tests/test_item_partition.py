@@ -81,7 +81,9 @@ def _walk(make_env, world: int, n: int, steps: int) -> list[list[list[tuple[int,
     each rank uses `random` its own number of times, as rollouts would."""
     ranks = []
     for rank in range(world):
-        stream = ItemStream(make_env(), seed=7, rank=rank, world=world)
+        stream = ItemStream(
+            make_env(), seed=7, rank=rank, world=world, on_exhausted="stop"
+        )  # the end of the stream, as is
         asyncio.run(stream.setup())
         taken = []
         for _ in range(steps):
@@ -279,3 +281,19 @@ def test_a_stream_that_ends_ends_every_engine_at_the_same_step(tmp_path: Path):
     groups = _trained(tmp_path / "run")
     assert [int(g["meta"]["item_id"]) for g in groups] == list(range(7))
     assert [g["trained_step"] for g in groups] == [1] * 5 + [2] * 2
+
+
+def test_every_rank_starts_the_items_over_at_the_same_item():
+    """--on-exhausted cycle (the default): when the env's 23 items run out, every rank restarts them at once,
+    so the epochs' blocks stay one stream split across ranks."""
+    events: list[str] = []
+    streams = [
+        ItemStream(Ordered(EnvConfig(), None), seed=7, rank=r, world=2, on_event=events.append) for r in range(2)
+    ]
+    for stream in streams:
+        asyncio.run(stream.setup())
+    for _ in range(10):  # 50 items: two epochs and a bit
+        blocks = [asyncio.run(stream.next_block(5)) for stream in streams]
+        assert blocks[0] is not None and blocks[0].digest == blocks[1].digest
+    assert [s.epoch for s in streams] == [3, 3] and [s.epoch_size for s in streams] == [23, 23]
+    assert events.count("the env's 23 items ran out: starting epoch 2") == 2  # once per rank

@@ -21,6 +21,10 @@
 #   trainer-profile  profile_timeline.py: the trainer's step phase by phase, mixed then equal lengths.
 #   generation       bench_generation.py: the rollout engine at GEN_BATCHES (512,64) for GEN_VARIANTS (8:1:t, the
 #                    Triton decode kernel) beside transformers generate, with the logprob contract checked.
+#   families         bench_generation.py --family: FAMILIES (a comma list of published shapes of
+#                    atropos_cli/families.py; default the small ones) at GEN_BATCHES (512): each shape's engine
+#                    exactness past its window, then ours beside transformers generate. Run several side by side
+#                    (families@0 families@1 ...) with FAMILIES set per round through FAMILIES_<GPU>.
 #   engine-profile   profile_engine.py at ENGINE_BATCHES (64,512): a decode step split into graph replays and
 #                    host work, its kernels by kind.
 #   loop-split       the one-command loop on the 0.5B shape (`atropos train arithmetic`, 32 groups x 8 a step,
@@ -44,7 +48,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
-ROUNDS="trainer graphs trainer-profile generation engine-profile loop-split async fsdp fsdp-variants replicas
+ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async fsdp fsdp-variants replicas
 fsdp-large loop-four two-nodes"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
@@ -94,6 +98,16 @@ round_generation() {
     python3 benchmarks/bench_generation.py --batches "${GEN_BATCHES:-512,64}" --variants "${GEN_VARIANTS:-8:1:t}" \
         --contract-attention t --old-loop-batches none --no-loop --out "$OUT/generation.md" > "$OUT/gen.log" 2>&1
     cat "$OUT/generation.md" 2>/dev/null || grep "^|\|Error" "$OUT/gen.log" | tail -30
+}
+
+round_families() {
+    local gpus="${CUDA_VISIBLE_DEVICES:-0}" list
+    list="FAMILIES_${gpus%%,*}"
+    list="${!list:-${FAMILIES:-Qwen2.5-0.5B,Gemma-3-1B,Qwen3-0.6B,Llama-3.2-1B}}"
+    local name="families-${gpus//,/-}"  # side-by-side rounds of this name share $OUT: one file each
+    python3 benchmarks/bench_generation.py --family "$list" --batches "${GEN_BATCHES:-512}" \
+        --out "$OUT/$name.md" > "$OUT/$name.log" 2>&1
+    cat "$OUT/$name.md" 2>/dev/null || grep "^|\|Error" "$OUT/$name.log" | tail -30
 }
 
 round_engine_profile() {
@@ -216,12 +230,12 @@ if [ $# -eq 1 ] && [[ $1 != *@* ]]; then
 fi
 pids=()
 for spec in "$@"; do  # side by side: each round on its GPUs, with its own limit; each keeps what it finished
-    (CUDA_VISIBLE_DEVICES=${spec#*@} timeout "${LIMIT:-400}" bash "$0" "${spec%@*}" > "$OUT/${spec%@*}.console" 2>&1) &
+    (CUDA_VISIBLE_DEVICES=${spec#*@} timeout "${LIMIT:-400}" bash "$0" "${spec%@*}" > "$OUT/${spec//[@,]/-}.console" 2>&1) &
     pids+=($!)
 done
 failed=0
 for i in "${!pids[@]}"; do
     wait "${pids[$i]}" || { failed=1; echo "warning: round ${*:$((i + 1)):1} exited non-zero" >&2; }
 done
-for spec in "$@"; do cat "$OUT/${spec%@*}.console"; done
+for spec in "$@"; do cat "$OUT/${spec//[@,]/-}.console"; done
 exit "$failed"

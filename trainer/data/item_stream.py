@@ -131,7 +131,6 @@ class ItemStream:
         self.drawn += len(items)
         return block
 
-
     def _next_epoch(self) -> bool:
         """The env's items ran out: start them over (--on-exhausted cycle) if the env can, and say so."""
         if self.on_exhausted != "cycle":
