@@ -275,8 +275,11 @@ def test_ranks_drawing_different_items_print_one_warning(tmp_path: Path):
 
 
 def test_a_stream_that_ends_ends_every_engine_at_the_same_step(tmp_path: Path):
-    """7 items, 5 a step, 2 engines: step 1 takes items 0-4, step 2 items 5-6 (one per engine), then the run ends."""
-    result = _run_env(tmp_path, FINITE_ENV, "--steps", "5", "--nproc-per-node", "3", "--inference-gpus", "2")
+    """7 items, 5 a step, 2 engines, --on-exhausted stop: step 1 takes items 0-4, step 2 items 5-6 (one per engine),
+    then the run ends."""
+    result = _run_env(
+        tmp_path, FINITE_ENV, "--steps", "5", "--nproc-per-node", "3", "--inference-gpus", "2", "--on-exhausted", "stop"
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     groups = _trained(tmp_path / "run")
     assert [int(g["meta"]["item_id"]) for g in groups] == list(range(7))
