@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from atropos_cli.api.trainable import value_problem
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
 from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
@@ -119,6 +120,10 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
                 group = _validate(raw)
             except (ValidationError, TypeError) as exc:
                 record_failure(_one_line(exc), env=env.name, item_id=item_id, rollout_index=None)
+                continue
+            problem = value_problem("score", group.scores)
+            if problem is not None:  # a group built by env code: no trainer could use it, nor a mean
+                record_failure(ValueError(f"invalid group: {problem}"), env=env.name, item_id=item_id, rollout_index=None)
                 continue
             meta = _stamp(group, env, index, item_id, started)
             reason = _filter_reason(group, env)
