@@ -43,9 +43,7 @@ LAUNCHER_GRACE_S = 10.0  # how long a rank that lost a peer waits for the launch
 def peer_lost(world: Dist, what: str) -> PeerLost:
     """The error of a rank whose peer's connection broke: first wait (a little) for the launcher's stop signal,
     so its one line naming the failed rank is what the user reads (this rank then exits quietly)."""
-    deadline = time.monotonic() + LAUNCHER_GRACE_S
-    while not world._stop.is_set() and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    world.stopped_by_launcher(LAUNCHER_GRACE_S)
     return PeerLost(what, hint="the launcher's line names the rank that failed")
 
 
