@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "WsSessions", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {
@@ -63,6 +63,13 @@ class HttpLimits(BaseModel):
     """Most header lines in one request; past it 431."""
     max_connections: int = Field(default=1000, ge=1)
     """Most open connections; one more is closed at once."""
+    ws_max_message_bytes: int = Field(default=1_048_576, ge=1024)
+    """Largest WebSocket message (or frame) a client may send; past it the connection closes (1009)."""
+    ws_idle_s: float = Field(default=300.0, gt=0)
+    """Seconds a WebSocket session may stay without a message from its client (pings do not count); then it
+    is closed (1001)."""
+    max_ws_sessions: int = Field(default=64, ge=1)
+    """Most WebSocket sessions open at once; one more evicts the idlest (closed 1013, "try again later")."""
 
 
 class _Refused(Exception):
@@ -259,6 +266,8 @@ def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "au
         http=protocol_class(limits, parser),
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_keep_alive=limits.keep_alive_s,
+        ws_max_size=limits.ws_max_message_bytes,
+        ws_max_queue=4,
         **kwargs,
     )
 
@@ -330,8 +339,63 @@ class GuardedHandler(BaseHTTPRequestHandler):
         if not ok:
             return False
         headers = {name.lower(): value for name, value in self.headers.items()}
-        refused = refusal(self.command or "GET", headers, self.server.hosts)
+        hosts = len(self.headers.get_all("host") or [])
+        refused = refusal(self.command or "GET", headers, self.server.hosts, hosts)
         if refused is not None:
             self.send_error(refused[0], refused[1], refused[2])
             return False
         return True
+
+
+class WsSessions:
+    """The WebSocket sessions of one server, held to `limits`: at most `max_ws_sessions` at once (a new one
+    evicts the idlest, so idle clients that answer pings can never lock others out), and a session without a
+    client message for `ws_idle_s` is closed. `receive(socket)` is the one way a server reads a message:
+    text only (a binary or malformed frame ends the session with a clear close reason, never an exception)."""
+
+    def __init__(self, limits: HttpLimits | None = None) -> None:
+        self.limits = limits or HttpLimits()
+        self._last: dict[Any, float] = {}  # socket -> when its client last sent a message
+        self.evicted = 0
+
+    async def admit(self, socket: Any) -> None:
+        """Accept `socket`, first closing the idlest session when the table is full."""
+        import time
+
+        while len(self._last) >= self.limits.max_ws_sessions:
+            idlest = min(self._last, key=self._last.__getitem__)
+            self._last.pop(idlest)
+            self.evicted += 1
+            with contextlib.suppress(Exception):
+                await idlest.close(code=1013, reason="evicted: the server's WebSocket sessions are full")
+        await socket.accept()
+        self._last[socket] = time.monotonic()
+
+    def release(self, socket: Any) -> None:
+        self._last.pop(socket, None)
+
+    async def receive(self, socket: Any) -> str | None:
+        """The client's next text message; None when the session is over (disconnected, evicted, idle past
+        `ws_idle_s`, or a frame that is not text: each closed with its reason)."""
+        import time
+
+        try:
+            message = await asyncio.wait_for(socket.receive(), self.limits.ws_idle_s)
+        except TimeoutError:
+            await self._close(socket, 1001, f"idle for {self.limits.ws_idle_s:g}s")
+            return None
+        except Exception:  # noqa: BLE001 - a malformed frame or a broken connection ends this session only
+            await self._close(socket, 1002, "malformed frame")
+            return None
+        if socket not in self._last or message.get("type") == "websocket.disconnect":
+            return None
+        if message.get("text") is None:
+            await self._close(socket, 1003, "only text frames (JSON) are understood")
+            return None
+        self._last[socket] = time.monotonic()
+        return str(message["text"])
+
+    async def _close(self, socket: Any, code: int, reason: str) -> None:
+        self.release(socket)
+        with contextlib.suppress(Exception):
+            await socket.close(code=code, reason=reason)

@@ -58,7 +58,7 @@ def openenv_command(
 
         import uvicorn
 
-        from atropos_cli.httpserve import uvicorn_config
+        from atropos_cli.httpserve import HttpLimits, uvicorn_config
 
         listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -73,8 +73,9 @@ def openenv_command(
             failed.append(exc)
             server.should_exit = True
 
-        app = create_openenv_app(exported, ready, api_key, setup_failed, HostPolicy(host))
-        server_config = uvicorn_config(app, None, log_level="warning", timeout_graceful_shutdown=2)
+        limits = HttpLimits()
+        app = create_openenv_app(exported, ready, api_key, setup_failed, HostPolicy(host), limits)
+        server_config = uvicorn_config(app, limits, log_level="warning", timeout_graceful_shutdown=2)
         server = uvicorn.Server(server_config)
         server.run(sockets=[listener])
         if failed:
