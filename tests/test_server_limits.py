@@ -233,6 +233,7 @@ class _Redirect(BaseHTTPRequestHandler):
 
 
 def test_the_schema_read_has_a_total_deadline_and_a_size_cap():
+    _Drip.stop = threading.Event()
     try:
         with hostile_http(_Drip) as url, pytest.raises(EnvLoadError) as slow:
             fetch_schema(url, timeout_s=0.5)  # each byte comes within httpx's per-read timeout
@@ -278,3 +279,24 @@ def test_a_malformed_reply_is_one_openenv_error(reply: bytes):
     with ThreadedServer(app).start() as server, pytest.raises(OpenEnvError) as error:
         asyncio.run(_open(server.url))
     assert "not a JSON object" in str(error.value) or "BINARY" in str(error.value)
+
+
+def test_the_api_client_has_a_total_deadline_and_a_size_cap(monkeypatch):
+    from atropos_cli.api import client as api_client
+    from atropos_cli.errors import ApiUnavailableError
+
+    async def call(url: str) -> None:
+        async with api_client.ApiClient(url, timeout_s=0.5, max_wait_s=0.0) as client:
+            await client.status()
+
+    _Drip.stop = threading.Event()
+    try:
+        with hostile_http(_Drip) as url, pytest.raises(ApiUnavailableError) as slow:
+            asyncio.run(call(url))
+        assert "ReadTimeout" in str(slow.value)
+    finally:
+        _Drip.stop.set()
+    monkeypatch.setattr(api_client, "MAX_REPLY_BYTES", 1 << 20)
+    with hostile_http(_Huge) as url, pytest.raises(ApiUnavailableError) as huge:
+        asyncio.run(call(url))
+    assert "over the 1048576 bytes" in str(huge.value)
