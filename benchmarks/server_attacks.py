@@ -26,7 +26,7 @@ from websockets.sync.client import connect
 from atropos_cli.adapters.openenv.wire import OpenEnvSession, fetch_schema
 from atropos_cli.api.app import create_app
 from atropos_cli.api.service import ApiSettings
-from atropos_cli.httpserve import HttpLimits
+from atropos_cli.httpserve import WsLimits
 from atropos_cli.runs.openenv_app import MAX_BODY_BYTES, create_openenv_app
 from atropos_cli.runs.openenv_export import build_exported_env
 from atropos_cli.testing.threaded import ThreadedServer
@@ -36,9 +36,9 @@ IDLE_SOCKETS = 200  # idle WebSockets that answer pings (the 2-core container: f
 
 @contextmanager
 def export_server() -> Iterator[str]:
-    limits = HttpLimits()
+    limits = WsLimits()
     app = create_openenv_app(build_exported_env("arithmetic", ["--env.max_token_length", "16"], None), limits=limits)
-    with ThreadedServer(app, lifespan="on", limits=limits).start() as server:
+    with ThreadedServer(app, lifespan="on", ws=limits).start() as server:
         yield server.url
 
 

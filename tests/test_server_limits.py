@@ -20,7 +20,7 @@ from websockets.sync.client import connect
 
 from atropos_cli.adapters.openenv.wire import OpenEnvError, OpenEnvSession, fetch_schema
 from atropos_cli.errors import EnvLoadError
-from atropos_cli.httpserve import HttpLimits
+from atropos_cli.httpserve import WsLimits
 from atropos_cli.runs.openenv_app import MAX_BODY_BYTES, create_openenv_app
 from atropos_cli.runs.openenv_export import MAX_AHEAD, MAX_KEPT, build_exported_env
 from atropos_cli.testing.threaded import ThreadedServer
@@ -29,9 +29,9 @@ RESET = '{"type": "reset", "data": {}}'
 
 
 @contextmanager
-def exported(limits: HttpLimits | None = None) -> Iterator[str]:
+def exported(limits: WsLimits | None = None) -> Iterator[str]:
     app = create_openenv_app(build_exported_env("arithmetic", ["--env.max_token_length", "16"], None), limits=limits)
-    with ThreadedServer(app, lifespan="on", limits=limits).start() as server:
+    with ThreadedServer(app, lifespan="on", ws=limits).start() as server:
         yield server.url
 
 
@@ -75,7 +75,7 @@ def test_a_post_just_over_the_body_limit_is_413_by_length_and_by_stream():
 
 
 def test_idle_websockets_are_evicted_idlest_first_when_the_sessions_are_full():
-    with exported(HttpLimits(max_ws_sessions=2)) as url:
+    with exported(WsLimits(max_ws_sessions=2)) as url:
         first, second = _ws(url), _ws(url)
         first.send(RESET)
         first.recv(timeout=10)
@@ -93,12 +93,12 @@ def test_idle_websockets_are_evicted_idlest_first_when_the_sessions_are_full():
 
 
 def test_a_silent_websocket_is_closed_after_the_idle_limit():
-    with exported(HttpLimits(ws_idle_s=0.3)) as url, _ws(url) as ws:
+    with exported(WsLimits(ws_idle_s=0.3)) as url, _ws(url) as ws:
         assert _closed_code(ws) == 1001
 
 
 def test_binary_oversized_or_malformed_frames_end_only_that_session():
-    with exported(HttpLimits(ws_max_message_bytes=4096)) as url:
+    with exported(WsLimits(ws_max_message_bytes=4096)) as url:
         with _ws(url) as ws:
             ws.send(b"\x00\x01")
             assert _closed_code(ws) == 1003

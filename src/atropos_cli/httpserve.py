@@ -36,13 +36,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "WsSessions", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "WsLimits", "WsSessions", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {
     "header_timeout_s": "--header-timeout",
     "body_timeout_s": "--body-timeout",
     "keep_alive_s": "--keep-alive",
+    "ws_idle_s": "--ws-idle",
 }
 
 
@@ -63,6 +64,14 @@ class HttpLimits(BaseModel):
     """Most header lines in one request; past it 431."""
     max_connections: int = Field(default=1000, ge=1)
     """Most open connections; one more is closed at once."""
+
+
+class WsLimits(BaseModel):
+    """The WebSocket limits of a server that has WebSockets (`atropos export openenv`: --ws-max-message-bytes,
+    --ws-idle, --max-ws-sessions)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
     ws_max_message_bytes: int = Field(default=1_048_576, ge=1024)
     """Largest WebSocket message (or frame) a client may send; past it the connection closes (1009)."""
     ws_idle_s: float = Field(default=300.0, gt=0)
@@ -251,12 +260,15 @@ def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
     return Protocol
 
 
-def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "auto", **kwargs: Any) -> Any:
-    """A `uvicorn.Config` for `app` with `limits` (default `HttpLimits()`) on `parser` ("auto", "h11");
-    `kwargs` go to uvicorn as they are."""
+def uvicorn_config(
+    app: Any, limits: HttpLimits | None = None, parser: str = "auto", ws: WsLimits | None = None, **kwargs: Any
+) -> Any:
+    """A `uvicorn.Config` for `app` with `limits` (default `HttpLimits()`) on `parser` ("auto", "h11") and the
+    WebSocket message cap of `ws` (default `WsLimits()`); `kwargs` go to uvicorn as they are."""
     import uvicorn
 
     limits = limits or HttpLimits()
+    ws = ws or WsLimits()
     soft = _raise_fd_limit(limits.max_connections)
     if soft != resource.RLIM_INFINITY and limits.max_connections > soft - 64:
         # the cap must bind before EMFILE does: keep 64 descriptors for the store, the model and the logs
@@ -266,7 +278,7 @@ def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "au
         http=protocol_class(limits, parser),
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_keep_alive=limits.keep_alive_s,
-        ws_max_size=limits.ws_max_message_bytes,
+        ws_max_size=ws.ws_max_message_bytes,
         ws_max_queue=4,
         **kwargs,
     )
@@ -348,13 +360,13 @@ class GuardedHandler(BaseHTTPRequestHandler):
 
 
 class WsSessions:
-    """The WebSocket sessions of one server, held to `limits`: at most `max_ws_sessions` at once (a new one
+    """The WebSocket sessions of one server, held to `limits` (`WsLimits`): at most `max_ws_sessions` at once (a new one
     evicts the idlest, so idle clients that answer pings can never lock others out), and a session without a
     client message for `ws_idle_s` is closed. `receive(socket)` is the one way a server reads a message:
     text only (a binary or malformed frame ends the session with a clear close reason, never an exception)."""
 
-    def __init__(self, limits: HttpLimits | None = None) -> None:
-        self.limits = limits or HttpLimits()
+    def __init__(self, limits: WsLimits | None = None) -> None:
+        self.limits = limits or WsLimits()
         self._last: dict[Any, float] = {}  # socket -> when its client last sent a message
         self.evicted = 0
 

@@ -11,7 +11,7 @@ Guarded like our other servers (`httpguard.BrowserGuard`: a foreign Host, duplic
 cross-site requests and non-JSON bodies are refused, on HTTP and on the WebSocket handshake alike); with an API
 key every HTTP request and WebSocket handshake needs `Authorization: Bearer KEY` (`httpguard.BearerAuth`). A body
 over `MAX_BODY_BYTES` is answered 413 (`httpguard.BodyLimit`); WebSocket sessions are held to the server's
-`HttpLimits` (`httpserve.WsSessions`: message size, idle time, a session cap that evicts the idlest).
+`WsLimits` (`httpserve.WsSessions`: message size, idle time, a session cap that evicts the idlest).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import AtroposError, ConfigError
 from atropos_cli.httpguard import BearerAuth, BodyLimit, BrowserGuard, HostPolicy
-from atropos_cli.httpserve import HttpLimits, WsSessions
+from atropos_cli.httpserve import WsLimits, WsSessions
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
 from atropos_cli.types import Message
 
@@ -138,7 +138,7 @@ def create_openenv_app(
     api_key: str | None = None,
     on_error: Callable[[AtroposError], None] | None = None,
     hosts: HostPolicy | None = None,
-    limits: HttpLimits | None = None,
+    limits: WsLimits | None = None,
 ) -> Any:
     """The FastAPI app serving `exported` (`limits`: the server's, for its WebSocket sessions). The env's `setup()` runs at startup (in the server's event loop); when
     it fails, `on_error` gets the error (the caller stops the server and reports it; without one it raises)."""
