@@ -167,8 +167,9 @@ def test_drop_mode_reads_the_per_token_lists_not_only_the_group_version():
 
 
 def test_staleness_metric_keys_are_a_fixed_set_whatever_the_versions():
-    from atropos_cli.types import ScoredGroup
     from trainer.async_loop import HISTOGRAM_TOP, staleness_metrics
+
+    from atropos_cli.types import ScoredGroup
 
     keys = None
     for trainer_version in (0, 3, 10**7, 2**31 - 1):
@@ -176,7 +177,9 @@ def test_staleness_metric_keys_are_a_fixed_set_whatever_the_versions():
         metrics = staleness_metrics([group], trainer_version, None)
         keys = keys or set(metrics)
         assert set(metrics) == keys and len(keys) == HISTOGRAM_TOP + 4  # 0..top, more, mean, max
-        assert sum(v for k, v in metrics.items() if k.startswith("staleness_") and k[10:].isdigit()) + metrics[
-            "staleness_more"
-        ] == 2
+        assert (
+            sum(v for k, v in metrics.items() if k.startswith("staleness_") and k[10:].isdigit())
+            + metrics["staleness_more"]
+            == 2
+        )
     assert set(staleness_metrics([group], 10**7, 10**6)) == keys  # a huge configured bound is capped too

@@ -271,7 +271,7 @@ def test_resume_reports_corrupt_lines_and_loses_nothing(tmp_path, fake_server):
     assert indices == list(range(6)) and lost_index in indices
 
 
-HOSTILE_REWARDS = '''
+HOSTILE_REWARDS = """
 from atropos_cli.env.base import SimpleEnv
 
 
@@ -286,7 +286,7 @@ class Hostile(SimpleEnv):
 
     def reward(self, completion, item):
         return [0.5, 1e308, float("nan"), {"score": 1.0, "style": -float("inf")}][item["id"]]
-'''
+"""
 
 
 def test_huge_or_non_finite_rewards_are_failure_records_not_a_traceback(tmp_path, fake_server):

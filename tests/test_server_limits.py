@@ -5,6 +5,7 @@ bodies and replies just over each limit, never huge ones; waits are bounded by d
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 from fastapi import FastAPI, WebSocket
-from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from atropos_cli.adapters.openenv.wire import OpenEnvError, OpenEnvSession, fetch_schema
@@ -159,7 +160,7 @@ def test_seeds_cannot_make_the_export_server_keep_unbounded_items(monkeypatch):
 
     monkeypatch.setattr(openenv_export, "MAX_KEPT", 50)  # the total cap, small enough to reach here
     with exported() as url, _ws(url) as ws:
-        ws.send('{"type": "reset", "data": {"seed": %d}}' % (MAX_AHEAD + 5))
+        ws.send(json.dumps({"type": "reset", "data": {"seed": MAX_AHEAD + 5}}))
         ahead = ws.recv(timeout=10)
         ws.send('{"type": "reset", "data": {"seed": 49}}')
         within = ws.recv(timeout=10)

@@ -26,6 +26,7 @@ Both take `render(status, message, hint) -> Response`, so each server answers in
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 from collections.abc import Callable, Iterable, Mapping
@@ -35,7 +36,9 @@ from urllib.parse import urlsplit
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BodyLimit", "BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name"]
+__all__ = [
+    "BodyLimit", "BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name",
+]  # fmt: skip
 
 Render = Callable[[int, str, str | None], Response]
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -250,10 +253,8 @@ class BodyLimit:
             started = started or message["type"] == "http.response.start"
             await send(message)
 
-        try:
+        with contextlib.suppress(_TooLarge):
             await self.app(scope, counted, forwarded)
-        except _TooLarge:
-            pass
         if too_large and not started:
             await self._refuse(scope, receive, send)
 

@@ -36,7 +36,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "WsLimits", "WsSessions", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer", "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "WsLimits", "WsSessions", "uvicorn_config", "serve", "protocol_class",
+    "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {

@@ -164,11 +164,12 @@ class ScoredGroup(BaseModel):
                         raise ValueError(f"rollout {i}: message {j} needs 'role' and 'content' keys")
         if self.meta is not None and self.meta.rollouts is not None:
             _check_count("meta.rollouts", self.meta.rollouts, n)
-            for i, (rollout, toks) in enumerate(zip(self.meta.rollouts, self.tokens or [None] * n, strict=True)):
-                if toks is not None and rollout.policy_versions is not None and len(rollout.policy_versions) > len(toks):
+            for i, rollout in enumerate(self.meta.rollouts):
+                per_token, row = rollout.policy_versions, self.tokens[i] if self.tokens else None
+                if row is not None and per_token is not None and len(per_token) > len(row):
                     raise ValueError(
-                        f"rollout {i}: meta.rollouts.policy_versions has {len(rollout.policy_versions)} entries, more "
-                        f"than its {len(toks)} tokens (one per trained token)"
+                        f"rollout {i}: meta.rollouts.policy_versions has {len(per_token)} entries, more "
+                        f"than its {len(row)} tokens (one per trained token)"
                     )
         return self
 

@@ -72,6 +72,7 @@ OnBad = Callable[[str, str], None]
 
 MAX_REPLY_BYTES = 1 << 30  # the largest answer read (a batch of long sequences is tens of MiB)
 
+
 class ApiClient:
     """Async client of one trajectory API; every method is one endpoint (see the module docstring)."""
 

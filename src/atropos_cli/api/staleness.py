@@ -11,7 +11,8 @@ version k-1, so a group with version v served in it is `k-1-v` steps stale. With
 Groups without a version are never dropped. A group's version is the oldest of `meta.policy_version` and every
 per-token list (`meta.rollouts[i].policy_versions`), so an old token list cannot hide behind a new group version;
 versions are JSON integers in [0, 2**31-1] (`types.PolicyVersion`) and a version ahead of the trainer's step by
-more than `VERSION_MARGIN` is refused (422): no policy has it yet, and it could never count as stale. Pure logic; `service.py` calls it and persists what it removes.
+more than `VERSION_MARGIN` is refused (422): no policy has it yet, and it could never count as stale.
+Pure logic; `service.py` calls it and persists what it removes.
 """
 
 from __future__ import annotations

@@ -111,6 +111,9 @@ def to_ingest_item(data: Any, index: int | None = None, vocab_size: int | None =
     except TypeError as exc:  # e.g. an integer beyond 64 bits, which no trainer could read either
         raise WireError(422, f"invalid {where}: {exc}", "invalid_group") from None
     return IngestItem(
-        env_id=group.env_id, size=group.size, payload=payload, policy_version=span[0] if span else None,
+        env_id=group.env_id,
+        size=group.size,
+        payload=payload,
+        policy_version=span[0] if span else None,
         newest_version=span[1] if span else None,
     )

@@ -119,7 +119,8 @@ def enter_namespace(bundle):
 # seccomp: the machine's own syscall numbers. Denied: new processes (fork, vfork, clone without CLONE_THREAD;
 # clone3 answers ENOSYS so threads fall back to clone), exec, sockets, io_uring (it can open sockets past the
 # filter), ptrace, process_vm_* and pidfd_getfd, SysV shared memory and message queues (memory RLIMIT_AS does
-# not count), signals to any process but itself, and prlimit (read or set the rlimits) of any process but itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
+# not count), signals to any process but itself, and prlimit (read or set the rlimits) of any process but
+# itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
 SECCOMP_ARCH = {
     "x86_64": (0xC000003E, 0x40000000, {
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41, "io_uring_setup": 425,

@@ -140,7 +140,8 @@ def create_openenv_app(
     hosts: HostPolicy | None = None,
     limits: WsLimits | None = None,
 ) -> Any:
-    """The FastAPI app serving `exported` (`limits`: the server's, for its WebSocket sessions). The env's `setup()` runs at startup (in the server's event loop); when
+    """The FastAPI app serving `exported` (`limits`: its WebSocket sessions'). The env's `setup()` runs at
+    startup (in the server's event loop); when
     it fails, `on_error` gets the error (the caller stops the server and reports it; without one it raises)."""
     import importlib.util
 

@@ -123,7 +123,8 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
                 continue
             problem = value_problem("score", group.scores)
             if problem is not None:  # a group built by env code: no trainer could use it, nor a mean
-                record_failure(ValueError(f"invalid group: {problem}"), env=env.name, item_id=item_id, rollout_index=None)
+                error = ValueError(f"invalid group: {problem}")
+                record_failure(error, env=env.name, item_id=item_id, rollout_index=None)
                 continue
             meta = _stamp(group, env, index, item_id, started)
             reason = _filter_reason(group, env)
