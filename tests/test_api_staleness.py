@@ -183,3 +183,12 @@ def test_staleness_metric_keys_are_a_fixed_set_whatever_the_versions():
             == 2
         )
     assert set(staleness_metrics([group], 10**7, 10**6)) == keys  # a huge configured bound is capped too
+
+
+def test_a_per_token_list_longer_than_its_tokens_is_refused():
+    with running_api() as url:
+        _register(url)
+        group = _group(1, version=0)
+        group["meta"]["rollouts"][0]["policy_versions"] = [0] * 4  # 3 tokens
+        answer = httpx.post(url + "/scored_data", json=group)
+    assert answer.status_code == 422 and "more than its 3 tokens" in answer.text

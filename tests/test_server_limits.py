@@ -144,15 +144,35 @@ def test_the_websocket_handshake_has_the_same_host_and_origin_rules_as_http(head
         assert _raw(port, (UPGRADE + "Host: 127.0.0.1\r\n\r\n").encode()).split(b" ")[1] == b"101"
 
 
-def test_duplicate_host_headers_are_refused_on_every_server():
+def test_duplicate_host_headers_are_refused_on_every_server(fake_server):
     from atropos_cli.api.app import create_app
     from atropos_cli.api.service import ApiSettings
+    from atropos_cli.httpserve import GuardedHandler, GuardedHTTPServer
 
-    request = b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: attacker.example\r\nConnection: close\r\n\r\n"
     with ThreadedServer(create_app(ApiSettings())).start() as api:
         assert _raw(api.port, request).startswith(b"HTTP/1.1 400")
     with exported() as url:
-        assert _raw(int(url.rsplit(":", 1)[1]), request.replace(b"/status", b"/health")).startswith(b"HTTP/1.1 400")
+        assert _raw(int(url.rsplit(":", 1)[1]), request).startswith(b"HTTP/1.1 400")
+    inference = fake_server(rule="arithmetic")
+    assert _raw(int(inference.base_url.split(":")[2].split("/")[0]), request).startswith(b"HTTP/1.1 400")
+
+    class Page(GuardedHandler):  # what `atropos view --serve` runs
+        def do_GET(self) -> None:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+    view = GuardedHTTPServer(("127.0.0.1", 0), Page)
+    threading.Thread(target=view.serve_forever, daemon=True).start()
+    try:
+        assert _raw(view.server_address[1], request).startswith(b"HTTP/1.0 400")
+        assert _raw(view.server_address[1], request.replace(b"Host: attacker.example\r\n", b"")).startswith(
+            b"HTTP/1.0 200"
+        )
+    finally:
+        view.shutdown()
+        view.server_close()
 
 
 def test_seeds_cannot_make_the_export_server_keep_unbounded_items(monkeypatch):
