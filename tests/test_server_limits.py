@@ -321,3 +321,40 @@ def test_the_api_client_has_a_total_deadline_and_a_size_cap(monkeypatch):
     with hostile_http(_Huge) as url, pytest.raises(ApiUnavailableError) as huge:
         asyncio.run(call(url))
     assert "over the 1048576 bytes" in str(huge.value)
+
+
+class _DripPost(_Drip):
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.do_GET()
+
+
+def test_the_model_client_has_a_total_deadline_and_a_size_cap(monkeypatch):
+    from atropos_cli.config import ServerConfig
+    from atropos_cli.errors import BadResponseError, RetryableError
+    from atropos_cli.inference import openai_compat
+    from atropos_cli.inference.base import SamplingParams
+
+    async def chat(url: str) -> None:
+        backend = openai_compat.OpenAICompatBackend(ServerConfig(base_url=url, model_name="m", timeout=0.5))
+        try:
+            await backend.chat([{"role": "user", "content": "hi"}], SamplingParams())
+        finally:
+            await backend.aclose()
+
+    class _HugePost(_Huge):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self.do_GET()
+
+    _Drip.stop = threading.Event()
+    try:
+        with hostile_http(_DripPost) as url, pytest.raises(RetryableError) as slow:
+            asyncio.run(chat(url + "/v1"))  # each byte within the 0.5 s read timeout
+        assert "timed out" in str(slow.value)
+    finally:
+        _Drip.stop.set()
+    monkeypatch.setattr(openai_compat, "MAX_REPLY_BYTES", 1 << 20)
+    with hostile_http(_HugePost) as url, pytest.raises(BadResponseError) as huge:
+        asyncio.run(chat(url + "/v1"))
+    assert "over the 1048576 bytes" in str(huge.value)

@@ -1,13 +1,14 @@
 """How the clients we ship read a reply from a server they do not control: a total deadline for the whole
 call (httpx's timeouts are per read: a server that sends one byte every few seconds never trips them; the call
-ends within the deadline plus one read's timeout, at most 30 s), a cap
-on the reply's size (checked as it streams, never after it is all in memory), and no redirects followed.
+ends within the deadline plus one read's timeout, at most 30 s), a cap on the reply's size (checked as it
+streams, never after it is all in memory), and no redirects followed.
 
-`bounded_send(client, method, url, deadline_s, max_bytes, ...)` is the same for an `httpx.AsyncClient` (the
-trajectory API's client). `bounded_get(url, deadline_s, max_bytes, headers)` returns the response (its status
-and headers) and its body;
+`bounded_get(url, deadline_s, max_bytes, headers)` returns the response (its status and headers) and its body;
 it raises `httpx.HTTPError` for transport errors, `httpx.ReadTimeout` past the deadline, and `ReplyTooLarge`
-past the cap. httpx is imported inside: `atropos --help` never loads it.
+past the cap. `bounded_send(client, method, url, deadline_s, max_bytes, ...)` is the same for an
+`httpx.AsyncClient` (the trajectory API's client), and `read_capped(stream, max_bytes)` the capped read of an
+aiohttp body (the model client, whose whole call runs under `asyncio.timeout`). httpx is imported inside:
+`atropos --help` never loads it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["ReplyTooLarge", "bounded_get", "bounded_send"]
+__all__ = ["ReplyTooLarge", "bounded_get", "bounded_send", "read_capped"]
 
 
 class ReplyTooLarge(Exception):
@@ -75,3 +76,15 @@ async def bounded_send(client: Any, method: str, url: str, deadline_s: float, ma
         return await asyncio.wait_for(read(), deadline_s)
     except TimeoutError:
         raise httpx.ReadTimeout(f"the reply took longer than {deadline_s:g}s in all") from None
+
+
+async def read_capped(stream: Any, max_bytes: int) -> bytes:
+    """The rest of an aiohttp response body (`response.content`), refused past `max_bytes` as it streams (the
+    OpenAI-compatible model client; its caller holds the total deadline)."""
+    chunks, size = [], 0
+    async for chunk in stream.iter_chunked(1 << 16):
+        size += len(chunk)
+        if size > max_bytes:
+            raise ReplyTooLarge(f"the reply is over the {max_bytes} bytes this client reads")
+        chunks.append(chunk)
+    return b"".join(chunks)
