@@ -358,3 +358,30 @@ def test_the_model_client_has_a_total_deadline_and_a_size_cap(monkeypatch):
     with hostile_http(_HugePost) as url, pytest.raises(BadResponseError) as huge:
         asyncio.run(chat(url + "/v1"))
     assert "over the 1048576 bytes" in str(huge.value)
+
+
+@pytest.mark.parametrize("parser", ["auto", "h11"])
+def test_a_full_server_evicts_its_idlest_keep_alive_connection(parser: str):
+    from atropos_cli.api.app import create_app
+    from atropos_cli.api.service import ApiSettings
+    from atropos_cli.httpserve import HttpLimits
+
+    request = b"GET /status HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    server = ThreadedServer(create_app(ApiSettings()), limits=HttpLimits(max_connections=2, keep_alive_s=60))
+    server.parser = parser
+    with server.start():
+        first = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        second = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        try:
+            for conn in (first, second):  # both answered, then idle on keep-alive: first is the idlest
+                conn.sendall(request)
+                assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+            assert _raw(server.port, request.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")).startswith(
+                b"HTTP/1.1 200"
+            )  # a third client is served, not refused
+            assert first.recv(4096) == b""  # evicted
+            second.sendall(request)
+            assert second.recv(4096).startswith(b"HTTP/1.1 200")
+        finally:
+            first.close()
+            second.close()

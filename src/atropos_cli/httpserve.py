@@ -11,7 +11,8 @@ else h11):
   else the connection is closed (the time the app takes to answer is not limited);
 - `max_header_bytes` (request line + headers) and `max_headers`: past either, 431 and the connection closes;
 - idle keep-alive connections close after `keep_alive_s` (uvicorn's `timeout_keep_alive`);
-- at most `max_connections` open connections: one more is closed at once (never a hang for the ones held);
+- at most `max_connections` open connections: one more closes the idlest keep-alive connection (between
+  requests) to make room, or is itself closed at once when every connection is busy (never a hang);
   the soft file-descriptor limit is raised to the hard one, and the cap lowered below it if need be, so the
   cap, not EMFILE, is what binds.
 
@@ -64,7 +65,7 @@ class HttpLimits(BaseModel):
     max_headers: int = Field(default=100, ge=8)
     """Most header lines in one request; past it 431."""
     max_connections: int = Field(default=1000, ge=1)
-    """Most open connections; one more is closed at once."""
+    """Most open connections; one more closes the idlest keep-alive one, or itself when all are busy."""
 
 
 class WsLimits(BaseModel):
@@ -133,12 +134,28 @@ class _Deadline:
         app is answering, or the connection is idle between requests: uvicorn's keep-alive timer's job)."""
         raise NotImplementedError
 
+    _active_at = 0.0  # when this connection last received bytes
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        self._active_at = self.loop.time()
         if len(self.connections) > self.limits.max_connections:
-            transport.close()
-            return
+            idle = [c for c in self.connections if c is not self and isinstance(c, _Deadline) and c._idle()]
+            if not idle:
+                transport.close()
+                return
+            min(idle, key=lambda c: c._active_at).transport.close()  # the idlest keep-alive connection gives way
         self._sync_timer()
+
+    def _between_requests(self) -> bool:
+        """No byte of a request is in (a new connection, or a keep-alive one after its last answer)."""
+        raise NotImplementedError
+
+    def _idle(self) -> bool:
+        """Nothing being read, no answer being written: a connection that only holds its slot."""
+        cycle = getattr(self, "cycle", None)
+        done = cycle is None or cycle.response_complete
+        return done and self._between_requests() and not self.transport.is_closing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -147,6 +164,7 @@ class _Deadline:
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
             return  # the 431 is on its way and the connection closing: read nothing more
+        self._active_at = self.loop.time()
         super().data_received(data)  # type: ignore[misc]
         self._sync_timer()
 
@@ -193,6 +211,9 @@ def _httptools_class(base: type[Any], limits: HttpLimits) -> type[asyncio.Protoc
 
         def _phase(self) -> str | None:
             return self._reading
+
+        def _between_requests(self) -> bool:
+            return self._reading is None or (self._reading == "head" and self._head_bytes == 0)
 
         def on_message_begin(self) -> None:
             self._reading, self._head_bytes, self._head_count = "head", 0, 0
@@ -252,6 +273,9 @@ def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self.conn = _CountingConnection(self.conn, self)  # type: ignore[assignment]
+
+        def _between_requests(self) -> bool:
+            return self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
 
         def _phase(self) -> str | None:
             state = self.conn.their_state
