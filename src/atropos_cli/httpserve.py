@@ -29,6 +29,7 @@ import contextlib
 import resource
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -138,7 +139,7 @@ class _Deadline:
 
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
-        self._active_at = self.loop.time()
+        self._active_at = time.monotonic()  # uvloop's loop.time() has 1 ms steps: ties
         if len(self.connections) > self.limits.max_connections:
             idle = [c for c in self.connections if c is not self and isinstance(c, _Deadline) and c._idle()]
             if not idle:
@@ -164,7 +165,7 @@ class _Deadline:
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
             return  # the 431 is on its way and the connection closing: read nothing more
-        self._active_at = self.loop.time()
+        self._active_at = time.monotonic()  # uvloop's loop.time() has 1 ms steps: ties
         super().data_received(data)  # type: ignore[misc]
         self._sync_timer()
 
@@ -397,8 +398,6 @@ class WsSessions:
 
     async def admit(self, socket: Any) -> None:
         """Accept `socket`, first closing the idlest session when the table is full."""
-        import time
-
         while len(self._last) >= self.limits.max_ws_sessions:
             idlest = min(self._last, key=self._last.__getitem__)
             self._last.pop(idlest)
@@ -414,8 +413,6 @@ class WsSessions:
     async def receive(self, socket: Any) -> str | None:
         """The client's next text message; None when the session is over (disconnected, evicted, idle past
         `ws_idle_s`, or a frame that is not text: each closed with its reason)."""
-        import time
-
         try:
             message = await asyncio.wait_for(socket.receive(), self.limits.ws_idle_s)
         except TimeoutError:
