@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import json
-import math
 import random
 import time
 import traceback
@@ -383,7 +382,7 @@ def _split_reward(value: float | dict[str, float]) -> tuple[float, dict[str, flo
 
     if isinstance(value, dict):
         parts = {str(k): float(v) for k, v in value.items()}
-        score = float(parts["score"] if "score" in parts else math.fsum(parts.values()))
+        score = float(parts["score"] if "score" in parts else sum(parts.values()))
         problem = value_problem("reward", [score, *parts.values()])
     elif isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"reward must return a float or a dict of floats, got {type(value).__name__}")
