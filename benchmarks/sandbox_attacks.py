@@ -45,6 +45,10 @@ def _code_rows(secret: Path, sock: Path, home: Path, token: str) -> dict[str, st
         "forks through ctypes": "import ctypes, os\npid = ctypes.CDLL(None).fork()\nif pid == 0:\n    os._exit(0)\n"
         "print('fork', pid)",
         "signals every process (kill(-1, 0))": "import ctypes\nprint('kill', ctypes.CDLL(None).kill(-1, 0))",
+        "reads another process's rlimits (prlimit on its parent)": (
+            "import ctypes, os\nl = (ctypes.c_uint64 * 2)()\n"
+            "print('prlimit', ctypes.CDLL(None).prlimit(os.getppid(), 0, None, l))"
+        ),
         "SysV shared memory (shmget 16 MB)": (
             "import ctypes\nprint('shmget', ctypes.CDLL(None).shmget(0, 16 << 20, 0o1600))"
         ),

@@ -40,12 +40,12 @@ def _register(url: str, batch_size: int = 4) -> None:
 def test_versions_travel_through_the_batch_and_plain_groups_keep_atropos_shape():
     with running_api() as url:
         _register(url)
-        httpx.post(url + "/scored_data", json=_group(1, version=3)).raise_for_status()
+        httpx.post(url + "/scored_data", json=_group(1, version=0)).raise_for_status()
         httpx.post(url + "/scored_data", json=_group(2)).raise_for_status()
         batch = httpx.get(url + "/batch").json()["batch"]
         status = httpx.get(url + "/status").json()
     versioned, plain = batch
-    assert versioned["meta"] == {"policy_version": 3, "rollouts": [{"policy_versions": [3, 4]}] * 2}
+    assert versioned["meta"] == {"policy_version": 0, "rollouts": [{"policy_versions": [0, 1]}] * 2}
     assert set(plain) == set(SCORED_DATA_KEYS)  # nothing extra for a producer that sends no version
     assert set(status) == {"current_step", "queue_size"}  # no bound: Atropos' exact /status
 
@@ -122,3 +122,73 @@ def test_a_trainer_behind_the_api_reports_the_staleness_of_versioned_groups(tmp_
         config = GRPOConfig(model=str(model), out=str(tmp_path / "run"), lr=1e-3, steps=2, save_every=0)
         run_training(opts, config, seen.append)
     assert [(m["staleness_mean"], m["staleness_max"]) for m in seen] == [(0.0, 0.0), (1.0, 1.0)]
+
+
+@pytest.mark.parametrize("bad", [True, "3", 3.0, -1, -(10**7), 2**31, 2**63])
+def test_policy_versions_are_strict_non_negative_integers(bad: Any):
+    group = _group(1, version=0)
+    with running_api() as url:
+        _register(url)
+        for where in ("group", "token"):
+            body = {**group, "meta": {**group["meta"], "rollouts": [dict(r) for r in group["meta"]["rollouts"]]}}
+            if where == "group":
+                body["meta"]["policy_version"] = bad
+            else:
+                body["meta"]["rollouts"][1]["policy_versions"] = [0, bad]
+            answer = httpx.post(url + "/scored_data", json=body)
+            assert answer.status_code == 422, (where, bad, answer.text)
+            assert "policy_version" in answer.text
+        assert httpx.get(url + "/status").json()["queue_size"] == 0
+
+
+def test_a_version_ahead_of_the_trainer_is_refused():
+    with running_api(max_staleness=1, stale_mode="drop") as url:
+        _register(url)
+        ahead = httpx.post(url + "/scored_data", json=_group(1, version=2))  # step 0: margin 1
+        token_ahead = _group(2, version=0)
+        token_ahead["meta"]["rollouts"][0]["policy_versions"] = [0, 9]
+        answer = httpx.post(url + "/scored_data", json=token_ahead)
+        edge = httpx.post(url + "/scored_data", json=_group(3, version=0))  # tokens at version 1: step + 1
+    assert ahead.status_code == 422 and "ahead of the trainer" in ahead.text
+    assert answer.status_code == 422 and "ahead of the trainer" in answer.text
+    assert edge.json()["status"] == "received"
+
+
+def test_drop_mode_reads_the_per_token_lists_not_only_the_group_version():
+    with running_api(max_staleness=1, stale_mode="drop") as url:
+        _register(url)
+        for token in (1, 2, 3, 4, 5, 6):
+            httpx.post(url + "/scored_data", json=_group(token, version=0)).raise_for_status()
+        httpx.get(url + "/batch").raise_for_status()  # steps 1 and 2 formed
+        hiding = _group(7, version=2)  # a fresh group version over a token list sampled at version 0
+        hiding["meta"]["rollouts"][1]["policy_versions"] = [0, 2]
+        answer = httpx.post(url + "/scored_data", json=hiding).json()
+    assert answer["status"] == "dropped" and "2 steps behind" in answer["reason"]
+
+
+def test_staleness_metric_keys_are_a_fixed_set_whatever_the_versions():
+    from trainer.async_loop import HISTOGRAM_TOP, staleness_metrics
+
+    from atropos_cli.types import ScoredGroup
+
+    keys = None
+    for trainer_version in (0, 3, 10**7, 2**31 - 1):
+        group = ScoredGroup.model_validate(_group(1, version=0))
+        metrics = staleness_metrics([group], trainer_version, None)
+        keys = keys or set(metrics)
+        assert set(metrics) == keys and len(keys) == HISTOGRAM_TOP + 4  # 0..top, more, mean, max
+        assert (
+            sum(v for k, v in metrics.items() if k.startswith("staleness_") and k[10:].isdigit())
+            + metrics["staleness_more"]
+            == 2
+        )
+    assert set(staleness_metrics([group], 10**7, 10**6)) == keys  # a huge configured bound is capped too
+
+
+def test_a_per_token_list_longer_than_its_tokens_is_refused():
+    with running_api() as url:
+        _register(url)
+        group = _group(1, version=0)
+        group["meta"]["rollouts"][0]["policy_versions"] = [0] * 4  # 3 tokens
+        answer = httpx.post(url + "/scored_data", json=group)
+    assert answer.status_code == 422 and "more than its 3 tokens" in answer.text

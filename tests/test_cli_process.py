@@ -269,3 +269,37 @@ def test_resume_reports_corrupt_lines_and_loses_nothing(tmp_path, fake_server):
     assert "oops" in text and '"err' in (out / "failures.jsonl").read_text()  # nothing deleted
     indices = sorted(json.loads(line)["meta"]["index"] for line in text.splitlines() if "oops" not in line)
     assert indices == list(range(6)) and lost_index in indices
+
+
+HOSTILE_REWARDS = """
+from atropos_cli.env.base import SimpleEnv
+
+
+class Hostile(SimpleEnv):
+    name = "hostile"
+
+    def items(self, split):
+        yield from ({"id": i} for i in range(4))
+
+    def prompt(self, item):
+        return "What is 1 + 1?"
+
+    def reward(self, completion, item):
+        return [0.5, 1e308, float("nan"), {"score": 1.0, "style": -float("inf")}][item["id"]]
+"""
+
+
+def test_huge_or_non_finite_rewards_are_failure_records_not_a_traceback(tmp_path, fake_server):
+    server = fake_server(rule="arithmetic")
+    env_file = tmp_path / "hostile_env.py"
+    env_file.write_text(HOSTILE_REWARDS)
+    out = tmp_path / "run"
+    result = invoke(str(env_file), "--out", str(out), "--num-groups", "4", "--group-size", "2",
+                    "--base-url", server.base_url, *FAST)  # fmt: skip
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.output
+    assert "Traceback" not in result.output
+    groups = read_jsonl(out / "groups.jsonl")
+    assert [g["meta"]["item_id"] for g in groups] == ["0"] and groups[0]["scores"] == [0.5, 0.5]
+    failures = read_jsonl(out / "failures.jsonl")
+    assert {f["item_id"] for f in failures} == {"1", "2", "3"} and len(failures) == 6
+    assert all("rewards must be finite and within" in f["error"] for f in failures)

@@ -272,6 +272,9 @@ out["kill -1"] = libc.kill(-1, 0)  # every process the user owns (all of them as
 out["ptrace"] = libc.ptrace(16, 1, 0, 0)  # PTRACE_ATTACH
 out["io_uring"] = libc.syscall(425, 1, None)
 out["kill self"] = libc.kill(os.getpid(), 0)
+limits = (ctypes.c_uint64 * 2)()  # prlimit on another process: read only (setting RLIMIT_CPU there kills it)
+out["prlimit parent"] = libc.prlimit(os.getppid(), 0, None, limits)
+out["prlimit self"] = libc.prlimit(0, 0, None, limits) + libc.prlimit(os.getpid(), 0, None, limits)
 fds = []
 try:
     while len(fds) < 500:
@@ -296,9 +299,10 @@ def test_processes_exec_sockets_signals_and_sysv_memory_are_refused_threads_stil
     result = run_python(SYSCALLS, OPT_IN)
     assert result.ok, result.stderr
     out = json.loads(result.stdout)
-    refused = ("fork", "shmget", "msgget", "execv", "socket", "unix socket", "kill -1", "ptrace", "io_uring")
+    refused = ("fork", "shmget", "msgget", "execv", "socket", "unix socket", "kill -1", "ptrace", "io_uring",
+               "prlimit parent")  # fmt: skip
     assert {name: out[name] for name in refused} == dict.fromkeys(refused, -1)
-    assert out["kill self"] == 0 and out["memfds"] < 64 and out["thread"] == [1]
+    assert out["kill self"] == 0 and out["prlimit self"] == 0 and out["memfds"] < 64 and out["thread"] == [1]
 
 
 # ---- 7: memory_mb bounds the tmpfs; without bubblewrap nothing stays in the host's /tmp or /dev/shm ----

@@ -207,9 +207,26 @@ def test_the_connection_cap_keeps_real_clients_served(tmp_path: Path) -> None:
     with ThreadedServer(create_api(ApiSettings()), limits=limits) as server:
         held = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]
         try:
+            request = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+            held[1].sendall(request + b"GET /health HTTP/1.1\r\n")  # answered, then mid-request: never evicted
+            for sock in held[1:]:  # answered (so read by the server) after held[0] opened: held[0] is the idlest
+                if sock is not held[1]:
+                    sock.sendall(request)
+                assert sock.recv(4096).startswith(b"HTTP/1.1 200")
             extra = socket.create_connection(("127.0.0.1", server.port))
-            assert _closed_within(extra, 5), "a connection past --max-connections was kept"
+            assert _closed_within(held[0], 5), "the idlest connection was not evicted for a new one"
+            extra.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+            assert extra.recv(4096).startswith(b"HTTP/1.1 200")  # the new client is served
             extra.close()
+            for sock in held[2:]:  # every slot mid-request: none may be evicted, so one more is refused
+                sock.sendall(b"GET /health HTTP/1.1\r\n")
+            last = socket.create_connection(("127.0.0.1", server.port))
+            last.sendall(request + b"GET /health HTTP/1.1\r\n")  # answered, then mid-request itself
+            assert last.recv(4096).startswith(b"HTTP/1.1 200")  # the server has read every byte sent so far
+            late = socket.create_connection(("127.0.0.1", server.port))
+            assert _closed_within(late, 5), "a connection past --max-connections was kept while all were busy"
+            for sock in (last, late):
+                sock.close()
         finally:
             for sock in held:
                 sock.close()

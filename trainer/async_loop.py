@@ -47,9 +47,7 @@ LAUNCHER_GRACE_S = 10.0  # how long a rank that lost a peer waits for the launch
 def peer_lost(world: Dist, what: str) -> PeerLost:
     """The error of a rank whose peer's connection broke: first wait (a little) for the launcher's stop signal,
     so its one line naming the failed rank is what the user reads (this rank then exits quietly)."""
-    deadline = time.monotonic() + LAUNCHER_GRACE_S
-    while not world._stop.is_set() and time.monotonic() < deadline:
-        time.sleep(POLL_S)
+    world.stopped_by_launcher(LAUNCHER_GRACE_S)
     return PeerLost(what, hint="the launcher's line names the rank that failed")
 
 
@@ -93,9 +91,14 @@ def split_roles(world: Dist, engines: int, timeout_s: float) -> Roles:
     return Roles(world, trainers, engines, control, data, rollouts, trainer_dist)
 
 
+HISTOGRAM_TOP = 8  # the largest staleness with a histogram key of its own
+
+
 def staleness_metrics(groups: list[ScoredGroup], version: int, bound: int | None) -> dict[str, float]:
     """Per-sequence staleness (trainer version - the oldest version of its tokens, at least 0): mean, max and a
-    histogram `staleness_<k>` (sequences k steps behind) for k = 0..bound (None: up to the largest seen)."""
+    histogram `staleness_<k>` (sequences k steps behind) for k = 0..bound (None: 0..HISTOGRAM_TOP; at most
+    HISTOGRAM_TOP either way), and `staleness_more` for those further behind. The keys are fixed by the bound,
+    never by a version a producer sent."""
     ages = []
     for group in groups:
         meta = group.meta
@@ -104,8 +107,9 @@ def staleness_metrics(groups: list[ScoredGroup], version: int, bound: int | None
             versions = rollout.policy_versions if rollout is not None else None
             oldest = min(versions) if versions else (meta.policy_version if meta is not None else None)
             ages.append(max(0, version - oldest) if oldest is not None else 0)
-    top = max(ages, default=0) if bound is None else bound
+    top = HISTOGRAM_TOP if bound is None else min(bound, HISTOGRAM_TOP)
     metrics: dict[str, float] = {f"staleness_{k}": float(ages.count(k)) for k in range(top + 1)}
+    metrics["staleness_more"] = float(sum(age > top for age in ages))
     metrics["staleness_mean"] = sum(ages) / len(ages) if ages else 0.0
     metrics["staleness_max"] = float(max(ages, default=0))
     return metrics
@@ -216,7 +220,7 @@ class EngineFeed:
         """Drop (and count) any group with a rollout older than the bound: a guard, the pacing prevents it."""
         kept = []
         for group in batch:
-            oldest = group.meta.policy_version if group.meta is not None else None
+            oldest = group.oldest_policy_version  # per token list as per group
             if oldest is not None and version - oldest > self.bound:
                 self.dropped_stale += 1
                 continue

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from atropos_cli.config import config_diff, read_saved
-from atropos_cli.errors import ConfigError, OutputExistsError
+from atropos_cli.errors import ConfigError, OutputExistsError, PeerLost
 
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
@@ -371,6 +371,11 @@ def run_training(
             summary = _run(opts, config, on_step, on_event, dist)
         finished = True
         return summary
+    except RuntimeError as exc:  # a collective failed (gloo/NCCL): a peer rank died, or this rank's own error
+        if dist is None or not dist.stopped_by_launcher():
+            raise
+        raise PeerLost(f"rank {dist.rank} lost a peer ({type(exc).__name__})",
+                       hint="the launcher's line names the rank that failed") from None  # fmt: skip
     finally:
         if dist is not None:
             if finished:  # every rank reaches the teardown before any leaves: a gloo rank whose peer has already

@@ -26,15 +26,19 @@ Both take `render(status, message, hint) -> Response`, so each server answers in
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import secrets
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 from urllib.parse import urlsplit
 
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-__all__ = ["BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name"]
+__all__ = [
+    "BodyLimit", "BrowserGuard", "BearerAuth", "HostPolicy", "LoopbackGuard", "Render", "refusal", "is_loopback_name",
+]  # fmt: skip
 
 Render = Callable[[int, str, str | None], Response]
 _BODY_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
@@ -101,9 +105,14 @@ class HostPolicy:
         return host is not None and (is_loopback_name(host) or _normal(host) in self.allowed)
 
 
-def refusal(method: str, headers: Mapping[str, str], policy: HostPolicy) -> tuple[int, str, str, str] | None:
+def refusal(
+    method: str, headers: Mapping[str, str], policy: HostPolicy, host_count: int = 1
+) -> tuple[int, str, str, str] | None:
     """(status, message, hint, metrics reason) when the request must be refused, else None. `headers` has
-    lower-case names."""
+    lower-case names; `host_count` is how many Host headers the request carried (more than one is refused: a
+    proxy and this server could each read another)."""
+    if host_count > 1:
+        return 400, f"request has {host_count} Host headers", "send exactly one Host header", "bad_host"
     host = headers.get("host")
     if not policy.allows_host(host):
         return (
@@ -144,18 +153,29 @@ class BrowserGuard:
         self.hosts = hosts or HostPolicy()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        names = [k.decode("latin-1").lower() for k, _ in scope["headers"]]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        refused = refusal(scope["method"], headers, self.hosts)
+        method = scope.get("method", "GET")  # a WebSocket handshake is a GET, held to the same rules
+        refused = refusal(method, headers, self.hosts, names.count("host"))
         if refused is None:
             await self.app(scope, receive, send)
             return
         status, message, hint, reason = refused
         if self.on_reject:
             self.on_reject(reason)
-        await self.render(status, message, hint)(scope, receive, send)
+        await _answer(scope, receive, send, self.render(status, message, hint))
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send, response: Response) -> None:
+    """Send a refusal: the response itself over HTTP; a WebSocket handshake is closed before it opens (the
+    server answers it 403)."""
+    if scope["type"] == "websocket":
+        await send({"type": "websocket.close", "code": 1008})
+        return
+    await response(scope, receive, send)
 
 
 def _openai_error(status: int, message: str, hint: str | None = None) -> Response:
@@ -183,7 +203,7 @@ class BearerAuth:
         self.app, self.key, self.render, self.hint, self.on_reject = app, api_key.encode(), render, hint, on_reject
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
         header = dict(scope["headers"]).get(b"authorization", b"")
@@ -196,4 +216,52 @@ class BearerAuth:
         message = "missing or wrong bearer token" if header else "this server requires a bearer token"
         response = self.render(401, message, self.hint)
         response.headers["WWW-Authenticate"] = "Bearer"
-        await response(scope, receive, send)
+        await _answer(scope, receive, send, response)
+
+
+class BodyLimit:
+    """A request body over `max_bytes` is answered 413 (by its Content-Length before any of it is read, or as
+    it streams in): for apps that read bodies through the framework (`atropos export openenv`). Pure ASGI."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, render: Render) -> None:
+        self.app, self.max_bytes, self.render = app, max_bytes, render
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        length = dict(scope["headers"]).get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            await self._refuse(scope, receive, send)
+            return
+        seen, too_large, started = 0, False, False
+
+        async def counted() -> Any:
+            nonlocal seen, too_large
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                too_large = too_large or seen > self.max_bytes
+                if too_large:
+                    raise _TooLarge
+            return message
+
+        async def forwarded(message: Any) -> None:
+            nonlocal started
+            if too_large:
+                return  # the app's answer to a body cut short (FastAPI: a 400) gives way to the 413
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        with contextlib.suppress(_TooLarge):
+            await self.app(scope, counted, forwarded)
+        if too_large and not started:
+            await self._refuse(scope, receive, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        hint = f"send at most {self.max_bytes} bytes"
+        await self.render(413, f"request body is over {self.max_bytes} bytes", hint)(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass

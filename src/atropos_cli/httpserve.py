@@ -11,7 +11,8 @@ else h11):
   else the connection is closed (the time the app takes to answer is not limited);
 - `max_header_bytes` (request line + headers) and `max_headers`: past either, 431 and the connection closes;
 - idle keep-alive connections close after `keep_alive_s` (uvicorn's `timeout_keep_alive`);
-- at most `max_connections` open connections: one more is closed at once (never a hang for the ones held);
+- at most `max_connections` open connections: one more closes the idlest keep-alive connection (between
+  requests) to make room, or is itself closed at once when every connection is busy (never a hang);
   the soft file-descriptor limit is raised to the hard one, and the cap lowered below it if need be, so the
   cap, not EMFILE, is what binds.
 
@@ -30,6 +31,7 @@ import contextlib
 import resource
 import socket
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -39,14 +41,15 @@ from atropos_cli.errors import PortUnavailableError
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "listen", "uvicorn_config", "serve", "protocol_class", "GuardedHTTPServer",
-    "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "WsLimits", "WsSessions", "listen", "uvicorn_config", "serve", "protocol_class",
+    "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {
     "header_timeout_s": "--header-timeout",
     "body_timeout_s": "--body-timeout",
     "keep_alive_s": "--keep-alive",
+    "ws_idle_s": "--ws-idle",
 }
 
 
@@ -66,7 +69,22 @@ class HttpLimits(BaseModel):
     max_headers: int = Field(default=100, ge=8)
     """Most header lines in one request; past it 431."""
     max_connections: int = Field(default=1000, ge=1)
-    """Most open connections; one more is closed at once."""
+    """Most open connections; one more closes the idlest keep-alive one, or itself when all are busy."""
+
+
+class WsLimits(BaseModel):
+    """The WebSocket limits of a server that has WebSockets (`atropos export openenv`: --ws-max-message-bytes,
+    --ws-idle, --max-ws-sessions)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    ws_max_message_bytes: int = Field(default=1_048_576, ge=1024)
+    """Largest WebSocket message (or frame) a client may send; past it the connection closes (1009)."""
+    ws_idle_s: float = Field(default=300.0, gt=0)
+    """Seconds a WebSocket session may stay without a message from its client (pings do not count); then it
+    is closed (1001)."""
+    max_ws_sessions: int = Field(default=64, ge=1)
+    """Most WebSocket sessions open at once; one more evicts the idlest (closed 1013, "try again later")."""
 
 
 class _Refused(Exception):
@@ -120,12 +138,28 @@ class _Deadline:
         app is answering, or the connection is idle between requests: uvicorn's keep-alive timer's job)."""
         raise NotImplementedError
 
+    _active_at = 0.0  # when this connection last received bytes
+
     def connection_made(self, transport: Any) -> None:
         super().connection_made(transport)  # type: ignore[misc]
+        self._active_at = time.monotonic()  # uvloop's loop.time() has 1 ms steps: ties
         if len(self.connections) > self.limits.max_connections:
-            transport.close()
-            return
+            idle = [c for c in self.connections if c is not self and isinstance(c, _Deadline) and c._idle()]
+            if not idle:
+                transport.close()
+                return
+            min(idle, key=lambda c: c._active_at).transport.close()  # the idlest keep-alive connection gives way
         self._sync_timer()
+
+    def _between_requests(self) -> bool:
+        """No byte of a request is in (a new connection, or a keep-alive one after its last answer)."""
+        raise NotImplementedError
+
+    def _idle(self) -> bool:
+        """Nothing being read, no answer being written: a connection that only holds its slot."""
+        cycle = getattr(self, "cycle", None)
+        done = cycle is None or cycle.response_complete
+        return done and self._between_requests() and not self.transport.is_closing()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -134,6 +168,7 @@ class _Deadline:
     def data_received(self, data: bytes) -> None:
         if self._refused is not None:
             return  # the 431 is on its way and the connection closing: read nothing more
+        self._active_at = time.monotonic()  # uvloop's loop.time() has 1 ms steps: ties
         super().data_received(data)  # type: ignore[misc]
         self._sync_timer()
 
@@ -180,6 +215,9 @@ def _httptools_class(base: type[Any], limits: HttpLimits) -> type[asyncio.Protoc
 
         def _phase(self) -> str | None:
             return self._reading
+
+        def _between_requests(self) -> bool:
+            return self._reading is None or (self._reading == "head" and self._head_bytes == 0)
 
         def on_message_begin(self) -> None:
             self._reading, self._head_bytes, self._head_count = "head", 0, 0
@@ -240,6 +278,9 @@ def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
             super().__init__(*args, **kwargs)
             self.conn = _CountingConnection(self.conn, self)  # type: ignore[assignment]
 
+        def _between_requests(self) -> bool:
+            return self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]
+
         def _phase(self) -> str | None:
             state = self.conn.their_state
             return "head" if state is h11.IDLE else "body" if state is h11.SEND_BODY else None
@@ -248,12 +289,15 @@ def _h11_class(limits: HttpLimits) -> type[asyncio.Protocol]:
     return Protocol
 
 
-def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "auto", **kwargs: Any) -> Any:
-    """A `uvicorn.Config` for `app` with `limits` (default `HttpLimits()`) on `parser` ("auto", "h11");
-    `kwargs` go to uvicorn as they are."""
+def uvicorn_config(
+    app: Any, limits: HttpLimits | None = None, parser: str = "auto", ws: WsLimits | None = None, **kwargs: Any
+) -> Any:
+    """A `uvicorn.Config` for `app` with `limits` (default `HttpLimits()`) on `parser` ("auto", "h11") and the
+    WebSocket message cap of `ws` (default `WsLimits()`); `kwargs` go to uvicorn as they are."""
     import uvicorn
 
     limits = limits or HttpLimits()
+    ws = ws or WsLimits()
     soft = _raise_fd_limit(limits.max_connections)
     if soft != resource.RLIM_INFINITY and limits.max_connections > soft - 64:
         # the cap must bind before EMFILE does: keep 64 descriptors for the store, the model and the logs
@@ -263,6 +307,8 @@ def uvicorn_config(app: Any, limits: HttpLimits | None = None, parser: str = "au
         http=protocol_class(limits, parser),
         h11_max_incomplete_event_size=limits.max_header_bytes,
         timeout_keep_alive=limits.keep_alive_s,
+        ws_max_size=ws.ws_max_message_bytes,
+        ws_max_queue=4,
         **kwargs,
     )
 
@@ -358,8 +404,59 @@ class GuardedHandler(BaseHTTPRequestHandler):
         if not ok:
             return False
         headers = {name.lower(): value for name, value in self.headers.items()}
-        refused = refusal(self.command or "GET", headers, self.server.hosts)
+        hosts = len(self.headers.get_all("host") or [])
+        refused = refusal(self.command or "GET", headers, self.server.hosts, hosts)
         if refused is not None:
             self.send_error(refused[0], refused[1], refused[2])
             return False
         return True
+
+
+class WsSessions:
+    """The WebSocket sessions of one server, held to `limits` (`WsLimits`): at most `max_ws_sessions` at once (a new one
+    evicts the idlest, so idle clients that answer pings can never lock others out), and a session without a
+    client message for `ws_idle_s` is closed. `receive(socket)` is the one way a server reads a message:
+    text only (a binary or malformed frame ends the session with a clear close reason, never an exception)."""
+
+    def __init__(self, limits: WsLimits | None = None) -> None:
+        self.limits = limits or WsLimits()
+        self._last: dict[Any, float] = {}  # socket -> when its client last sent a message
+        self.evicted = 0
+
+    async def admit(self, socket: Any) -> None:
+        """Accept `socket`, first closing the idlest session when the table is full."""
+        while len(self._last) >= self.limits.max_ws_sessions:
+            idlest = min(self._last, key=self._last.__getitem__)
+            self._last.pop(idlest)
+            self.evicted += 1
+            with contextlib.suppress(Exception):
+                await idlest.close(code=1013, reason="evicted: the server's WebSocket sessions are full")
+        await socket.accept()
+        self._last[socket] = time.monotonic()
+
+    def release(self, socket: Any) -> None:
+        self._last.pop(socket, None)
+
+    async def receive(self, socket: Any) -> str | None:
+        """The client's next text message; None when the session is over (disconnected, evicted, idle past
+        `ws_idle_s`, or a frame that is not text: each closed with its reason)."""
+        try:
+            message = await asyncio.wait_for(socket.receive(), self.limits.ws_idle_s)
+        except TimeoutError:
+            await self._close(socket, 1001, f"idle for {self.limits.ws_idle_s:g}s")
+            return None
+        except Exception:  # noqa: BLE001 - a malformed frame or a broken connection ends this session only
+            await self._close(socket, 1002, "malformed frame")
+            return None
+        if socket not in self._last or message.get("type") == "websocket.disconnect":
+            return None
+        if message.get("text") is None:
+            await self._close(socket, 1003, "only text frames (JSON) are understood")
+            return None
+        self._last[socket] = time.monotonic()
+        return str(message["text"])
+
+    async def _close(self, socket: Any, code: int, reason: str) -> None:
+        self.release(socket)
+        with contextlib.suppress(Exception):
+            await socket.close(code=code, reason=reason)

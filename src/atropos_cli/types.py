@@ -13,9 +13,9 @@ check the API and the trainer apply.
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 __all__ = [
     "Message",
@@ -25,7 +25,14 @@ __all__ = [
     "RolloutFailure",
     "SCORED_DATA_KEYS",
     "describe_validation_error",
+    "PolicyVersion",
+    "MAX_POLICY_VERSION",
 ]
+
+MAX_POLICY_VERSION = 2**31 - 1
+PolicyVersion = Annotated[int, Strict(), Field(ge=0, le=MAX_POLICY_VERSION)]
+"""A policy version (trainer step) as it crosses a boundary: a JSON integer in [0, 2**31-1]; `true`, `"3"` and
+`3.0` are refused, not coerced (the API's ingest also bounds it by the trainer's step, `api/staleness.py`)."""
 
 # The exact keys of Atropos' ScoredData (the body of POST /scored_data), in its order.
 SCORED_DATA_KEYS = (
@@ -58,7 +65,7 @@ class RolloutMeta(BaseModel):
     reward_parts: dict[str, float] | None = None
     completion_tokens: int | None = None
     latency_s: float | None = None
-    policy_versions: list[int] | None = None
+    policy_versions: list[PolicyVersion] | None = None
     """The policy version (trainer step) that produced each trained token (mask != -100), in order; a weight swap
     mid-sequence shows as a step up. Set by the disaggregated loop's engines (`--inference-gpus`)."""
 
@@ -85,7 +92,7 @@ class GroupMeta(BaseModel):
     failed_rollouts: int = 0
     rollouts: list[RolloutMeta] | None = None
     tokens_missing: bool = False
-    policy_version: int | None = None
+    policy_version: PolicyVersion | None = None
     """The oldest policy version (trainer step) that produced any token of the group: the trajectory API and the
     trainer measure staleness from it (trainer step - policy_version)."""
 
@@ -160,7 +167,33 @@ class ScoredGroup(BaseModel):
                         raise ValueError(f"rollout {i}: message {j} needs 'role' and 'content' keys")
         if self.meta is not None and self.meta.rollouts is not None:
             _check_count("meta.rollouts", self.meta.rollouts, n)
+            for i, rollout in enumerate(self.meta.rollouts):
+                per_token, row = rollout.policy_versions, self.tokens[i] if self.tokens else None
+                if row is not None and per_token is not None and len(per_token) > len(row):
+                    raise ValueError(
+                        f"rollout {i}: meta.rollouts.policy_versions has {len(per_token)} entries, more "
+                        f"than its {len(row)} tokens (one per trained token)"
+                    )
         return self
+
+    @property
+    def policy_version_span(self) -> tuple[int, int] | None:
+        """(oldest, newest) policy version of any token: over `meta.policy_version` and every rollout's per-token
+        `policy_versions` (a producer's group version alone could hide an older token list); None without any."""
+        if self.meta is None:
+            return None
+        lows = [self.meta.policy_version] if self.meta.policy_version is not None else []
+        highs = list(lows)
+        for rollout in self.meta.rollouts or ():
+            if rollout.policy_versions:
+                lows.append(min(rollout.policy_versions))
+                highs.append(max(rollout.policy_versions))
+        return (min(lows), max(highs)) if lows else None
+
+    @property
+    def oldest_policy_version(self) -> int | None:
+        span = self.policy_version_span
+        return span[0] if span is not None else None
 
     def require_tokens(self) -> None:
         """Raise ValueError unless every rollout carries token ids (needed by the API and the trainer)."""

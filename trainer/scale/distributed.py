@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -100,6 +101,15 @@ class Dist:
 
         for sig in (signal.SIGINT, signal.SIGTERM):
             signal.signal(sig, lambda *_: self._stop.set())
+
+    def stopped_by_launcher(self, grace_s: float = 10.0) -> bool:
+        """Whether the launcher's stop signal came (waiting up to `grace_s` for it): after a collective failed,
+        True means a peer rank died and the launcher, which names it in its one line, is stopping every rank;
+        False, that this rank's own error is the news."""
+        deadline = time.monotonic() + grace_s
+        while not self._stop.is_set() and time.monotonic() < deadline:
+            time.sleep(0.2)  # polled: the flag is set by a signal handler on this very thread
+        return self._stop.is_set()
 
     def barrier(self) -> None:
         import torch.distributed as dist

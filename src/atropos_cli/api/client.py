@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import ApiRequestError, ApiUnavailableError, AtroposError, BadResponseError, RecordError
 from atropos_cli.formats.reader import SourcedGroup
+from atropos_cli.httpclient import ReplyTooLarge, bounded_send
 from atropos_cli.retry import Backoff, parse_retry_after
 from atropos_cli.types import ScoredGroup, describe_validation_error
 
@@ -69,6 +70,9 @@ RetryHook = Callable[[str, float], None]
 OnBad = Callable[[str, str], None]
 
 
+MAX_REPLY_BYTES = 1 << 30  # the largest answer read (a batch of long sequences is tens of MiB)
+
+
 class ApiClient:
     """Async client of one trajectory API; every method is one endpoint (see the module docstring)."""
 
@@ -85,6 +89,7 @@ class ApiClient:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.http = httpx.AsyncClient(base_url=self.base_url, headers=headers, timeout=timeout_s)
+        self.timeout_s = timeout_s  # the whole of one request: connect, send, every byte of the answer
         self.max_wait_s = max_wait_s
         self.backoff = backoff
         self.on_retry = on_retry
@@ -105,7 +110,11 @@ class ApiClient:
         start, attempt = time.monotonic(), 0
         while True:
             try:
-                resp = await self.http.request(method, path, content=content, headers=headers)
+                resp = await bounded_send(
+                    self.http, method, path, self.timeout_s, MAX_REPLY_BYTES, content=content, headers=headers
+                )
+            except ReplyTooLarge as exc:
+                raise ApiUnavailableError(f"{method} {path}: {exc}", hint="is this a trajectory API?") from None
             except httpx.TransportError as exc:
                 reason = f"cannot reach the trajectory API at {self.base_url} ({type(exc).__name__})"
                 if not retry:

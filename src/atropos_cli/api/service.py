@@ -20,7 +20,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from atropos_cli.api.metrics import ApiMetrics, QueueGauges
 from atropos_cli.api.queue import BatchQueue, EnvSlot, QueuedGroup
-from atropos_cli.api.staleness import StaleMode, StalenessGuard
+from atropos_cli.api.staleness import VERSION_MARGIN, StaleMode, StalenessGuard
 from atropos_cli.api.store import GROUP_BUFFERED, GROUP_QUEUED, Store
 from atropos_cli.errors import ApiBusy, ApiConflict, ApiInvalid, ApiNotFound
 
@@ -79,7 +79,8 @@ class IngestItem:
     env_id: int | None
     size: int
     payload: bytes
-    policy_version: int | None = None  # meta.policy_version: the trainer step that sampled the group
+    policy_version: int | None = None  # the oldest policy version of any token: the group's staleness
+    newest_version: int | None = None  # the newest: no later than the trainer's step + VERSION_MARGIN
 
 
 class ApiService:
@@ -228,6 +229,12 @@ class ApiService:
                 raise ApiInvalid(
                     f"{where} names env_id {item.env_id}, which is not registered",
                     hint="use the env_id that /register-env returned (ids are reset by /reset_data)",
+                )
+            if item.newest_version is not None and item.newest_version > self.step + VERSION_MARGIN:
+                raise ApiInvalid(
+                    f"{where} has policy_version {item.newest_version}, ahead of the trainer's step {self.step} "
+                    f"by more than {VERSION_MARGIN}: no policy has that version yet",
+                    hint="post the trainer step (GET /status current_step) whose weights sampled the group",
                 )
             env = self.queue.envs.get(item.env_id) if item.env_id is not None else None
             if env is not None and item.size > env.group_size:

@@ -8,7 +8,11 @@ version k-1, so a group with version v served in it is `k-1-v` steps stale. With
   served within S steps; groups served staler anyway are counted (`stale_served`);
 - `drop`: a group that is already more than S steps stale is refused at ingest (answered `dropped`) or
   removed from the queue before a batch forms; every drop is counted (`stale_dropped`), never silent.
-Groups without a version are never dropped. Pure logic; `service.py` calls it and persists what it removes.
+Groups without a version are never dropped. A group's version is the oldest of `meta.policy_version` and every
+per-token list (`meta.rollouts[i].policy_versions`), so an old token list cannot hide behind a new group version;
+versions are JSON integers in [0, 2**31-1] (`types.PolicyVersion`) and a version ahead of the trainer's step by
+more than `VERSION_MARGIN` is refused (422): no policy has it yet, and it could never count as stale.
+Pure logic; `service.py` calls it and persists what it removes.
 """
 
 from __future__ import annotations
@@ -18,7 +22,11 @@ from typing import Any, Literal
 
 from atropos_cli.api.queue import BatchQueue, QueuedGroup
 
-__all__ = ["StaleMode", "StalenessGuard"]
+__all__ = ["StaleMode", "StalenessGuard", "VERSION_MARGIN"]
+
+VERSION_MARGIN = 1
+"""How far ahead of the API's step a posted policy version may be (a trainer registers its step; a producer
+posts the step whose weights sampled, at most the step just served)."""
 
 StaleMode = Literal["hold", "drop"]
 

@@ -14,7 +14,7 @@ import math
 
 from atropos_cli.types import ScoredGroup
 
-__all__ = ["MAX_ABS_VALUE", "untrainable"]
+__all__ = ["MAX_ABS_VALUE", "untrainable", "value_problem"]
 
 MAX_ABS_VALUE = 1e6
 """Largest |score|, |advantage| and |log-prob| a group may carry (rewards are usually within ±10)."""
@@ -32,7 +32,8 @@ def _token_problem(group: ScoredGroup, vocab_size: int | None) -> str | None:
     return None
 
 
-def _value_problem(name: str, values: list[float], rollout: int | None = None) -> str | None:
+def value_problem(name: str, values: list[float], rollout: int | None = None) -> str | None:
+    """Why `values` cannot be trained (the first non-finite or beyond ±MAX_ABS_VALUE), or None."""
     for value in values:
         if not math.isfinite(value) or abs(value) > MAX_ABS_VALUE:
             where = f"rollout {rollout}: " if rollout is not None else ""
@@ -42,10 +43,10 @@ def _value_problem(name: str, values: list[float], rollout: int | None = None) -
 
 def untrainable(group: ScoredGroup, vocab_size: int | None = None) -> str | None:
     """Why no trainer could train `group` (one line naming the rollout), or None when it can."""
-    problem = _token_problem(group, vocab_size) or _value_problem("score", group.scores)
+    problem = _token_problem(group, vocab_size) or value_problem("score", group.scores)
     for name in ("advantages", "ref_logprobs", "inference_logprobs", "distill_logprobs"):
         rows = getattr(group, name, None) or []
         for i, row in enumerate(rows):
             flat = [v for item in row for v in (item if isinstance(item, list) else [item])] if row else []
-            problem = problem or _value_problem(name, flat, i)
+            problem = problem or value_problem(name, flat, i)
     return problem

@@ -103,9 +103,17 @@ def to_ingest_item(data: Any, index: int | None = None, vocab_size: int | None =
     if group.env_id is not None and group.env_id < 0:
         raise WireError(422, f"invalid {where}: env_id {group.env_id} is negative", "invalid_group",
                         hint="use the env_id that /register-env returned")  # fmt: skip
-    version = group.meta.policy_version if group.meta is not None else None
+    span = group.policy_version_span
+    if group.meta is not None and span is not None:
+        group.meta.policy_version = span[0]  # stored and served as the oldest version of any token
     try:
         payload = orjson.dumps(group.to_wire())
     except TypeError as exc:  # e.g. an integer beyond 64 bits, which no trainer could read either
         raise WireError(422, f"invalid {where}: {exc}", "invalid_group") from None
-    return IngestItem(env_id=group.env_id, size=group.size, payload=payload, policy_version=version)
+    return IngestItem(
+        env_id=group.env_id,
+        size=group.size,
+        payload=payload,
+        policy_version=span[0] if span else None,
+        newest_version=span[1] if span else None,
+    )

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from atropos_cli.cli.common import DottedCommand, cli_errors, console, warn
+from atropos_cli.cli.options import ModelOptions, with_options
 from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import HostPolicy, is_loopback_name
+from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits, WsLimits
 
 EXPORT_HELP = "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server)."
 ENV_HELP = "Env: a bundled name (see `atropos envs`), an installed entry point, or a path file.py[:Class]."
@@ -18,6 +20,10 @@ export_app = typer.Typer(help=EXPORT_HELP, no_args_is_help=True, add_completion=
 
 
 @export_app.command("openenv", cls=DottedCommand)
+@with_options(
+    ModelOptions(HttpLimits, flags=LIMIT_FLAGS, panel="Connection limits"),
+    ModelOptions(WsLimits, flags=LIMIT_FLAGS, panel="WebSocket limits"),
+)
 def openenv_command(
     ctx: typer.Context,
     env: Annotated[str, typer.Argument(help=ENV_HELP)],
@@ -33,6 +39,7 @@ def openenv_command(
             help="Require 'Authorization: Bearer KEY' on every request and WebSocket (openenv clients: headers=).",
         ),
     ] = None,
+    **limits: Any,
 ) -> None:
     """Serve ENV as an OpenEnv env server: reset -> the next item's prompt, step(message) -> reward and done.
 
@@ -65,8 +72,10 @@ def openenv_command(
             failed.append(exc)
             server.should_exit = True
 
-        app = create_openenv_app(exported, ready, api_key, setup_failed, HostPolicy(host))
-        server_config = uvicorn_config(app, None, log_level="warning", timeout_graceful_shutdown=2)
+        http = HttpLimits(**{k: v for k, v in limits.items() if k in HttpLimits.model_fields})
+        ws = WsLimits(**{k: v for k, v in limits.items() if k in WsLimits.model_fields})
+        app = create_openenv_app(exported, ready, api_key, setup_failed, HostPolicy(host), ws)
+        server_config = uvicorn_config(app, http, ws=ws, log_level="warning", timeout_graceful_shutdown=2)
         server = uvicorn.Server(server_config)
         server.run(sockets=[listener])
         if failed:

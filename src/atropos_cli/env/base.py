@@ -394,13 +394,22 @@ class SimpleEnv(BaseEnv):
 
 
 def _split_reward(value: float | dict[str, float]) -> tuple[float, dict[str, float] | None]:
+    """(score, parts) of what `reward` returned; a score no trainer can use (non-finite, beyond ±1e6: see
+    `api.trainable`) raises, and so fails that rollout with the reason."""
+    from atropos_cli.api.trainable import value_problem
+
     if isinstance(value, dict):
         parts = {str(k): float(v) for k, v in value.items()}
-        score = parts["score"] if "score" in parts else sum(parts.values())
-        return float(score), parts
-    if isinstance(value, bool) or not isinstance(value, int | float):
+        score = float(parts["score"] if "score" in parts else sum(parts.values()))
+        problem = value_problem("reward", [score, *parts.values()])
+    elif isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"reward must return a float or a dict of floats, got {type(value).__name__}")
-    return float(value), None
+    else:
+        score, parts = float(value), None
+        problem = value_problem("reward", [score])
+    if problem is not None:
+        raise ValueError(f"{problem}: rewards must be finite and within that bound")
+    return score, parts
 
 
 def env_error(env_cls: type, step: str, exc: BaseException, hint: str) -> EnvLoadError:

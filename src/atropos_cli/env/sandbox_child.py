@@ -119,18 +119,20 @@ def enter_namespace(bundle):
 # seccomp: the machine's own syscall numbers. Denied: new processes (fork, vfork, clone without CLONE_THREAD;
 # clone3 answers ENOSYS so threads fall back to clone), exec, sockets, io_uring (it can open sockets past the
 # filter), ptrace, process_vm_* and pidfd_getfd, SysV shared memory and message queues (memory RLIMIT_AS does
-# not count), and signals to any process but itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
+# not count), signals to any process but itself, and prlimit (read or set the rlimits) of any process but
+# itself; any other syscall ABI (x32, i386 through int 0x80) is denied whole.
 SECCOMP_ARCH = {
     "x86_64": (0xC000003E, 0x40000000, {
         "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "socket": 41, "io_uring_setup": 425,
         "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "shmget": 29, "msgget": 68,
         "tkill": 200, "pidfd_send_signal": 424, "pidfd_getfd": 438, "kill": 62, "tgkill": 234, "clone": 56,
-        "clone3": 435,
+        "clone3": 435, "prlimit64": 302,
     }),
     "aarch64": (0xC00000B7, None, {
         "execve": 221, "execveat": 281, "socket": 198, "io_uring_setup": 425, "ptrace": 117,
         "process_vm_readv": 270, "process_vm_writev": 271, "shmget": 194, "msgget": 186, "tkill": 130,
         "pidfd_send_signal": 424, "pidfd_getfd": 438, "kill": 129, "tgkill": 131, "clone": 220, "clone3": 435,
+        "prlimit64": 261,
     }),
 }  # fmt: skip
 CLONE_THREAD, ALLOW, DENY, NOSYS = 0x10000, 0x7FFF0000, 0x00050001, 0x00050026  # RET_ERRNO | EPERM / ENOSYS
@@ -141,15 +143,18 @@ def seccomp_program(machine, pid):
     if machine not in SECCOMP_ARCH:
         return None
     arch, abi_bit, nr = SECCOMP_ARCH[machine]
-    special = ("kill", "tgkill", "clone", "clone3")
+    special = ("kill", "tgkill", "clone", "clone3", "prlimit64")
     rows = [("ld", 4), ("jeq", arch, 1, 0), ("ret", DENY), ("ld", 0)]
     if abi_bit is not None:
         rows.append(("jge", abi_bit, "deny", 0))
     rows += [("jeq", number, "deny", 0) for name, number in nr.items() if name not in special]
     rows += [("jeq", nr["clone3"], "nosys", 0), ("jeq", nr["clone"], "clone", 0)]
-    rows += [("jeq", nr["kill"], "self", 0), ("jeq", nr["tgkill"], "self", 0), ("ret", ALLOW)]
+    rows += [("jeq", nr["kill"], "self", 0), ("jeq", nr["tgkill"], "self", 0)]
+    rows += [("jeq", nr["prlimit64"], "zero", 0), ("ret", ALLOW)]
+    rows += [("label", "zero"), ("ld", 16), ("jeq", 0, "allow", "self_pid")]  # prlimit: pid 0 (itself) ...
     rows += [("label", "clone"), ("ld", 16), ("and", CLONE_THREAD), ("jeq", 0, "deny", 0), ("ret", ALLOW)]
-    rows += [("label", "self"), ("ld", 16), ("jeq", pid, 0, "deny"), ("ret", ALLOW)]  # arg 0: its own pid only
+    rows += [("label", "self"), ("ld", 16), ("label", "self_pid"), ("jeq", pid, 0, "deny")]  # arg 0: its own pid
+    rows += [("label", "allow"), ("ret", ALLOW)]
     rows += [("label", "deny"), ("ret", DENY), ("label", "nosys"), ("ret", NOSYS)]
     labels, program = {}, []
     for row in rows:

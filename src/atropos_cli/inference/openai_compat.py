@@ -30,6 +30,7 @@ import orjson
 
 from atropos_cli.config import ServerConfig
 from atropos_cli.errors import BadResponseError, InferenceError, RetryableError
+from atropos_cli.httpclient import ReplyTooLarge, read_capped
 from atropos_cli.inference.base import Choice, Generation, SamplingParams, Usage
 from atropos_cli.retry import parse_retry_after
 
@@ -40,6 +41,9 @@ __all__ = ["OpenAICompatBackend", "RetryableError", "map_status_error", "parse_c
 # Servers whose OpenAI API returns token ids when asked with `return_token_ids`.
 _TOKEN_ID_SERVERS = ("vllm",)
 _EXTRA_FIELDS = ("logprobs", "return_token_ids", "token_ids", "top_logprobs")
+
+
+MAX_REPLY_BYTES = 1 << 30  # the largest answer read (n choices with logprobs of long completions)
 
 
 class _StatusError(Exception):
@@ -132,10 +136,15 @@ class OpenAICompatBackend:
             content = json.dumps({**body, **(extra or {})}).encode()
         session = self._session()
         try:
-            async with session.post(
-                self.base_url + path, data=content, proxy=self._proxy, allow_redirects=False
-            ) as response:
-                raw = await response.read()
+            async with (
+                asyncio.timeout(self.config.timeout),  # the whole call: a server dripping bytes cannot hold it
+                session.post(self.base_url + path, data=content, proxy=self._proxy, allow_redirects=False) as response,
+            ):
+                raw = await read_capped(response.content, MAX_REPLY_BYTES)
+        except ReplyTooLarge as exc:
+            raise BadResponseError(
+                f"inference server at {self.base_url!r}: {exc}", hint="is it an OpenAI-compatible server?"
+            ) from None
         except asyncio.TimeoutError:  # aiohttp's connect and read timeouts are asyncio.TimeoutErrors
             raise RetryableError(
                 f"inference server at {self.base_url!r} timed out", url=self.base_url, kind="timeout"

@@ -7,17 +7,18 @@ Routes (what openenv's `create_app` serves in simulation mode, and what `openenv
 HTTP `/reset` and `/step` drive one episode shared by all HTTP callers (OpenEnv builds a fresh env per HTTP
 call, which cannot carry an episode; ours keeps it), so concurrent clients use `/ws`.
 
-Guarded like our other servers (`httpguard.BrowserGuard`: browser cross-site requests and non-JSON bodies are
-refused; a WebSocket from a non-loopback browser Origin is closed before it opens); with an API key every HTTP
-request and WebSocket handshake needs `Authorization: Bearer KEY` (`httpguard.BearerAuth`, and the same check
-on `/ws`).
+Guarded like our other servers (`httpguard.BrowserGuard`: a foreign Host, duplicate Host headers, browser
+cross-site requests and non-JSON bodies are refused, on HTTP and on the WebSocket handshake alike); with an API
+key every HTTP request and WebSocket handshake needs `Authorization: Bearer KEY` (`httpguard.BearerAuth`). A body
+over `MAX_BODY_BYTES` is answered 413 (`httpguard.BodyLimit`); WebSocket sessions are held to the server's
+`WsLimits` (`httpserve.WsSessions`: message size, idle time, a session cap that evicts the idlest).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -27,11 +28,14 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from atropos_cli.errors import AtroposError, ConfigError
-from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
+from atropos_cli.httpguard import BearerAuth, BodyLimit, BrowserGuard, HostPolicy
+from atropos_cli.httpserve import WsLimits, WsSessions
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
 from atropos_cli.types import Message
 
-__all__ = ["ExportAction", "ExportObservation", "ExportState", "create_openenv_app"]
+__all__ = ["ExportAction", "ExportObservation", "ExportState", "create_openenv_app", "MAX_BODY_BYTES"]
+
+MAX_BODY_BYTES = 1_048_576  # an action or a reset is a few KiB; past this a POST is answered 413
 
 
 class ExportAction(BaseModel):
@@ -134,8 +138,10 @@ def create_openenv_app(
     api_key: str | None = None,
     on_error: Callable[[AtroposError], None] | None = None,
     hosts: HostPolicy | None = None,
+    limits: WsLimits | None = None,
 ) -> Any:
-    """The FastAPI app serving `exported`. The env's `setup()` runs at startup (in the server's event loop); when
+    """The FastAPI app serving `exported` (`limits`: its WebSocket sessions'). The env's `setup()` runs at
+    startup (in the server's event loop); when
     it fails, `on_error` gets the error (the caller stops the server and reports it; without one it raises)."""
     import importlib.util
 
@@ -174,8 +180,9 @@ def create_openenv_app(
     if api_key:
         hint = "send Authorization: Bearer KEY (openenv clients: headers=...; atropos: ATROPOS_OPENENV_API_KEY)"
         app.add_middleware(BearerAuth, api_key=api_key, render=render, hint=hint)
-    policy = hosts or HostPolicy()
-    app.add_middleware(BrowserGuard, render=render, hosts=policy)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, render=render)
+    app.add_middleware(BrowserGuard, render=render, hosts=hosts or HostPolicy())
+    sessions = WsSessions(limits)
 
     async def http_call(method: Any, data: dict[str, Any]) -> Any:
         async with http_lock:
@@ -225,21 +232,11 @@ def create_openenv_app(
         return {"jsonrpc": "2.0", "id": ident, "error": {"code": -32601, "message": "this env has no MCP tools"}}
 
     @app.websocket("/ws")
-    async def ws(socket: WebSocket) -> None:
-        origin = socket.headers.get("origin")
-        scheme, _, token = socket.headers.get("authorization", "").partition(" ")
-        authorized = not api_key or (scheme.lower() == "bearer" and secrets.compare_digest(token.strip(), api_key))
-        refused = not policy.allows_host(socket.headers.get("host")) or (
-            origin is not None and not policy.allows_origin(origin)
-        )
-        if refused or not authorized:
-            await socket.close(code=1008)  # before accept: the handshake is answered 403
-            return
-        await socket.accept()
+    async def ws(socket: WebSocket) -> None:  # Host, Origin and the key were checked on the handshake
+        await sessions.admit(socket)
         session = Session(exported)
         try:
-            while True:
-                raw = await socket.receive_text()
+            while (raw := await sessions.receive(socket)) is not None:
                 try:
                     message = json.loads(raw)
                 except json.JSONDecodeError as exc:
@@ -249,10 +246,12 @@ def create_openenv_app(
                 if answer is None:
                     break
                 await socket.send_text(json.dumps(answer))
-        except WebSocketDisconnect:
+        except (WebSocketDisconnect, RuntimeError):  # the client left (or was evicted) mid-answer
             return
         finally:
             session.close()
-        await socket.close()
+            sessions.release(socket)
+        with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # the client may have gone first
+            await socket.close()
 
     return app

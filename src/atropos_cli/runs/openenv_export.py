@@ -34,7 +34,8 @@ from atropos_cli.types import Message
 __all__ = ["BridgeBackend", "Episode", "EpisodeError", "Exported", "build_exported_env"]
 
 CLIENT_MODEL = "openenv-client"
-MAX_AHEAD = 100_000  # items one reset may draw to reach its seed (a random 31-bit seed is an error, not a hang)
+MAX_AHEAD = 1_000  # items one reset may draw to reach its seed (a random 31-bit seed is an error, not a hang)
+MAX_KEPT = 20_000  # train items the server keeps in all (what any number of clients' seeds can make it hold)
 _episode: contextvars.ContextVar[Episode | None] = contextvars.ContextVar("openenv_episode", default=None)
 
 
@@ -205,8 +206,15 @@ class Exported:
                     f"seed {index} is item {index} of the env's stream; only {len(self._train)} are drawn so far",
                     hint=f"a seed names an item: reset with seeds below {len(self._train) + MAX_AHEAD} (or none)",
                 )
+            if index >= MAX_KEPT:
+                raise EpisodeError(
+                    f"seed {index} is item {index} of the env's stream; this server keeps the first {MAX_KEPT}",
+                    hint=f"reset with seeds below {MAX_KEPT}",
+                )
             self._next = max(self._next, index + 1)
             while len(self._train) <= index and not self._exhausted:
+                if len(self._train) % 100 == 99:
+                    await asyncio.sleep(0)  # a long draw lets the other sessions' messages through
                 item = await call_env(self.env, "get_next_item", self.env.get_next_item())
                 if item is None:
                     self._exhausted = True

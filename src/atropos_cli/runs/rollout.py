@@ -21,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from atropos_cli.api.trainable import value_problem
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
 from atropos_cli.env.item_digest import item_digest
 from atropos_cli.env.shape import groups_problem, pair_problem, shape_error
@@ -129,6 +130,11 @@ async def collect_group(env: BaseEnv, item: Item, index: int | None = None) -> G
                 group = _validate(raw)
             except (ValidationError, TypeError) as exc:
                 record_failure(_one_line(exc), env=env.name, item_id=item_id, rollout_index=None)
+                continue
+            problem = value_problem("score", group.scores)
+            if problem is not None:  # a group built by env code: no trainer could use it, nor a mean
+                error = ValueError(f"invalid group: {problem}")
+                record_failure(error, env=env.name, item_id=item_id, rollout_index=None)
                 continue
             meta = _stamp(group, env, index, item, item_id, started)
             reason = _filter_reason(group, env)

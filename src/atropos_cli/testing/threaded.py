@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
-    from atropos_cli.httpserve import HttpLimits
+    from atropos_cli.httpserve import HttpLimits, WsLimits
 
 __all__ = ["ThreadedServer"]
 
@@ -22,10 +22,11 @@ class ThreadedServer:
 
     def __init__(
         self, app: Any, host: str = "127.0.0.1", port: int = 0, *, lifespan: Literal["auto", "on", "off"] = "auto",
-        limits: HttpLimits | None = None,
+        limits: HttpLimits | None = None, ws: WsLimits | None = None,
     ) -> None:  # fmt: skip
         self.app = app
         self.limits = limits
+        self.ws = ws
         self.parser = "auto"  # "h11": uvicorn's pure-Python parser even where httptools is installed
         self.host = host
         self.port = port
@@ -49,7 +50,7 @@ class ThreadedServer:
         sock = listen(self.host, self.port)
         self.port = int(sock.getsockname()[1])
         config = uvicorn_config(
-            self.app, self.limits, self.parser, log_level="warning", access_log=False, lifespan=self.lifespan,
+            self.app, self.limits, self.parser, self.ws, log_level="warning", access_log=False, lifespan=self.lifespan,
             timeout_graceful_shutdown=2,
         )  # fmt: skip
         self._server = uvicorn.Server(config)

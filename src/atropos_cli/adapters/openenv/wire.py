@@ -10,10 +10,17 @@ state JSON schemas) are plain HTTP.
 
 This module speaks that protocol (aiohttp, no openenv import) and maps text both ways: an observation to chat
 messages, the model's reply to an action. It raises `OpenEnvError` for anything the server did wrong.
+
+Held against a hostile server: every call has a total deadline (the handshake, and each reset/step/state
+answer: `timeout_s`; `/schema`: its whole reply, however slowly it drips), every reply a size cap
+(`MAX_MESSAGE_BYTES` a WebSocket message, `MAX_SCHEMA_BYTES` the schema), no redirect is followed (a handshake
+or `/schema` answered 3xx is an error), and a malformed frame or a reply that is not a JSON object is one
+`OpenEnvError` (the rollout's failure record), never an exception of the transport.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +40,8 @@ __all__ = [
 ]
 
 RESERVED_OBSERVATION_KEYS = ("done", "reward", "metadata")
+MAX_MESSAGE_BYTES = 8 * 2**20  # largest WebSocket message (observation) accepted from the env server
+MAX_SCHEMA_BYTES = 2**20  # largest GET /schema reply
 API_KEY_VAR = "ATROPOS_OPENENV_API_KEY"
 
 
@@ -68,6 +77,15 @@ class StepResult:
         return cls(observation, None if reward is None else float(reward), bool(data.get("done")), dict(metadata))
 
 
+class _Redirected(Exception):
+    """The WebSocket handshake was answered with a redirect (not followed)."""
+
+
+async def _refuse_redirect(session: Any, context: Any, params: Any) -> None:
+    location = params.response.headers.get("Location", "?")
+    raise _Redirected(f"the handshake was redirected to {location[:200]} (not followed)")
+
+
 def _ws_url(base_url: str) -> str:
     url = base_url.rstrip("/")
     if url.startswith("https://"):
@@ -80,7 +98,7 @@ def _ws_url(base_url: str) -> str:
 class OpenEnvSession:
     """One episode's WebSocket session (`async with OpenEnvSession(url) as s: await s.reset(seed=1)`)."""
 
-    def __init__(self, base_url: str, timeout_s: float = 300.0, max_message_bytes: int = 64 * 2**20) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 300.0, max_message_bytes: int = MAX_MESSAGE_BYTES) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.max_message_bytes = max_message_bytes
@@ -90,16 +108,23 @@ class OpenEnvSession:
     async def __aenter__(self) -> OpenEnvSession:
         import aiohttp
 
-        self._http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s))
+        trace = aiohttp.TraceConfig()
+        trace.on_request_redirect.append(_refuse_redirect)
+        self._http = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=None, connect=self.timeout_s), trace_configs=[trace]
+        )
+        url = _ws_url(self.base_url)
         try:
-            self._ws = await self._http.ws_connect(
-                _ws_url(self.base_url), max_msg_size=self.max_message_bytes, heartbeat=None, headers=auth_headers()
+            self._ws = await asyncio.wait_for(
+                self._http.ws_connect(url, max_msg_size=self.max_message_bytes, heartbeat=None, headers=auth_headers()),
+                self.timeout_s,
             )
-        except (aiohttp.ClientError, OSError) as exc:
+        except (aiohttp.ClientError, OSError, TimeoutError, _Redirected) as exc:
             await self._http.close()
+            reason = "it did not complete the handshake in time" if isinstance(exc, TimeoutError) else str(exc)
             raise OpenEnvError(
-                f"cannot open an OpenEnv session at {_ws_url(self.base_url)}: {type(exc).__name__}: {exc}",
-                hint="is the env server running (GET /health)?",
+                f"cannot open an OpenEnv session at {url}: {type(exc).__name__}: {reason}",
+                hint="is the env server running (GET /health)? Redirects are not followed: use the final URL",
             ) from None
         return self
 
@@ -135,21 +160,26 @@ class OpenEnvSession:
                 f"the env server did not answer {message['type']} within {self.timeout_s:g}s",
                 hint="raise --env.timeout_s",
             ) from None
-        except (aiohttp.ClientError, ConnectionError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a broken or malformed connection: this rollout's failure
             raise OpenEnvError(
-                f"the env session broke during {message['type']}: {exc}", hint="see the server's log"
+                f"the env session broke during {message['type']}: {type(exc).__name__}: {exc}",
+                hint="see the server's log",
             ) from None
         if frame.type != aiohttp.WSMsgType.TEXT:
+            detail = f": {frame.data}" if frame.type == aiohttp.WSMsgType.ERROR else ""
             raise OpenEnvError(
-                f"the env server closed the session during {message['type']} ({frame.type.name})",
-                hint="see the env server's log",
+                f"the env server closed the session during {message['type']} ({frame.type.name}{detail})",
+                hint="see the env server's log (a message over the size cap closes the session too)",
             )
         try:
             answer = json.loads(frame.data)
         except json.JSONDecodeError:
+            answer = None
+        if not isinstance(answer, dict):
             raise OpenEnvError(
-                f"the env server sent non-JSON: {frame.data[:200]!r}", hint="is it an OpenEnv server?"
-            ) from None
+                f"the env server sent a reply that is not a JSON object: {frame.data[:200]!r}",
+                hint="is it an OpenEnv server?",
+            )
         if answer.get("type") == "error":
             data = answer.get("data") or {}
             code = data.get("code", "?")
@@ -166,16 +196,20 @@ def fetch_schema(base_url: str, timeout_s: float = 30.0) -> dict[str, Any]:
     """`GET /schema`: the action, observation and state JSON schemas (an EnvLoadError when unreachable)."""
     import httpx
 
+    from atropos_cli.httpclient import ReplyTooLarge, bounded_get
+
     url = base_url.rstrip("/") + "/schema"
     try:
-        response = httpx.get(url, timeout=timeout_s, headers=auth_headers())
+        response, body = bounded_get(url, timeout_s, MAX_SCHEMA_BYTES, auth_headers())
     except httpx.HTTPError as exc:
         raise EnvLoadError(
             f"cannot reach the OpenEnv server at {base_url}: {type(exc).__name__}: {exc}",
             hint="start it first (or name its package: openenv:PACKAGE starts one for you)",
         ) from None
+    except ReplyTooLarge as exc:
+        raise EnvLoadError(f"{url}: {exc}", hint="is this an OpenEnv server?") from None
     try:
-        schema = response.json()
+        schema = json.loads(body)
     except ValueError:
         schema = None
     if response.status_code == 401:
