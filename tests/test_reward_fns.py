@@ -127,3 +127,17 @@ def test_an_env_scoring_with_the_registry_runs_under_atropos_process(fake_server
     groups = [json.loads(line) for line in (tmp_path / "run" / "groups.jsonl").read_text().splitlines()]
     # CombinedReward sums the raw scores (accuracy 1 + format 1) and "sum" divides by the weights (1 + 0.5)
     assert [sorted(g["scores"]) for g in groups] == [[0.0, 0.0, 2 / 1.5, 2 / 1.5]] * 2
+
+
+def test_the_registry_answers_after_an_env_imported_its_module_by_path() -> None:
+    """`import atroposlib.envs.reward_fns.registry` (an env file's spelling, through the compat alias) rebinds
+    the package's `registry` to the module; the registry's calls still work through it."""
+    import importlib
+
+    from atropos_cli.compat.atroposlib.envs import reward_fns
+    from atropos_cli.compat.atroposlib.envs.reward_fns import RewardFunction
+
+    module = importlib.import_module("atropos_cli.compat.atroposlib.envs.reward_fns.registry")
+    for holder in (module, module.registry, reward_fns.registry):
+        assert isinstance(holder.create("format"), RewardFunction)
+        assert "format" in holder.list_registered()

@@ -18,6 +18,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationError, model_validator
 
 __all__ = [
+    "MAX_ABS_VALUE",
+    "value_problem",
     "Message",
     "RolloutMeta",
     "GroupMeta",
@@ -260,3 +262,17 @@ def describe_validation_error(exc: ValidationError) -> str:
         message += f" (got {shown[:60] + '...' if len(shown) > 60 else shown})"
     more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
     return f"{where + ': ' if where else ''}{message}{more}"
+
+
+MAX_ABS_VALUE = 1e6
+"""Largest |score|, |advantage| and |log-prob| a group may carry (rewards are usually within ±10): a reward of
+1e308 is finite but its square, which the advantage's variance needs, is not (`api.trainable`)."""
+
+
+def value_problem(name: str, values: list[float], rollout: int | None = None) -> str | None:
+    """Why `values` cannot be trained (the first non-finite or beyond ±MAX_ABS_VALUE), or None."""
+    for value in values:
+        if not math.isfinite(value) or abs(value) > MAX_ABS_VALUE:
+            where = f"rollout {rollout}: " if rollout is not None else ""
+            return f"{where}{name} {value!r} is outside ±{MAX_ABS_VALUE:g}"
+    return None

@@ -10,14 +10,9 @@ variance needs, is not, and fp32 training overflows long before.
 
 from __future__ import annotations
 
-import math
-
-from atropos_cli.types import ScoredGroup
+from atropos_cli.types import MAX_ABS_VALUE, ScoredGroup, value_problem
 
 __all__ = ["MAX_ABS_VALUE", "untrainable", "value_problem"]
-
-MAX_ABS_VALUE = 1e6
-"""Largest |score|, |advantage| and |log-prob| a group may carry (rewards are usually within ±10)."""
 
 
 def _token_problem(group: ScoredGroup, vocab_size: int | None) -> str | None:
@@ -29,15 +24,6 @@ def _token_problem(group: ScoredGroup, vocab_size: int | None) -> str | None:
             return f"rollout {i}: token id {low} is negative"
         if vocab_size is not None and high >= vocab_size:
             return f"rollout {i}: token id {high} is outside the trainer's vocabulary (0..{vocab_size - 1})"
-    return None
-
-
-def value_problem(name: str, values: list[float], rollout: int | None = None) -> str | None:
-    """Why `values` cannot be trained (the first non-finite or beyond ±MAX_ABS_VALUE), or None."""
-    for value in values:
-        if not math.isfinite(value) or abs(value) > MAX_ABS_VALUE:
-            where = f"rollout {rollout}: " if rollout is not None else ""
-            return f"{where}{name} {value!r} is outside ±{MAX_ABS_VALUE:g}"
     return None
 
 

@@ -396,7 +396,7 @@ class SimpleEnv(BaseEnv):
 def _split_reward(value: float | dict[str, float]) -> tuple[float, dict[str, float] | None]:
     """(score, parts) of what `reward` returned; a score no trainer can use (non-finite, beyond ±1e6: see
     `api.trainable`) raises, and so fails that rollout with the reason."""
-    from atropos_cli.api.trainable import value_problem
+    from atropos_cli.types import value_problem
 
     if isinstance(value, dict):
         parts = {str(k): float(v) for k, v in value.items()}

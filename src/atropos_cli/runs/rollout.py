@@ -21,13 +21,12 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from atropos_cli.api.trainable import value_problem
 from atropos_cli.env.base import BaseEnv, Item, failure_sink, filter_sink, record_failure
 from atropos_cli.env.item_digest import item_digest
 from atropos_cli.env.shape import groups_problem, pair_problem, shape_error
 from atropos_cli.errors import AtroposError, RunAborted, ServerUnreachableError
 from atropos_cli.inference.base import seeded_requests
-from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error
+from atropos_cli.types import GroupMeta, RolloutFailure, ScoredGroup, describe_validation_error, value_problem
 
 __all__ = ["GroupOutcome", "collect_group", "run_groups", "RunAborted"]
 

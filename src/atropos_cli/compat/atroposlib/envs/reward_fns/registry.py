@@ -142,3 +142,14 @@ class LegacyFunctionWrapper(RewardFunction):
 
 
 registry = RewardRegistry()
+
+# An env file's `from atroposlib.envs.reward_fns.registry import ...` imports this module under the compat alias,
+# and the import system then sets the package's `registry` attribute to the module, so a later
+# `from atroposlib.envs.reward_fns import registry` binds this module instead of the object: the module answers
+# the registry's calls too.
+register = registry.register
+register_function = registry.register_function
+create = registry.create
+get = registry.get
+list_registered = registry.list_registered
+load_required_functions = registry.load_required_functions
