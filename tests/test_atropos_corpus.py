@@ -30,6 +30,7 @@ import pytest
 
 from atropos_cli.resources import resolve_model_path
 from atropos_conformance import portable_tokenizer
+from differential import missing, venv_python
 
 CACHE = Path(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"))
 DRIVER = Path(__file__).parent / "atropos_corpus_driver.py"
@@ -151,8 +152,9 @@ def ours(corpus: tuple[Path, Path, list[str]]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def reference(corpus: tuple[Path, Path, list[str]]) -> dict[str, dict[str, Any]]:
     """The corpus under the real atroposlib 0.4.0, cached by the driver's and its data's content."""
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib 0.4.0")
     if not reference_usable():
-        pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
+        missing(f"{PYTHON} cannot import atroposlib: rebuild atroposlib 0.4.0's venv (.ci/run builds it)")
     root, tokenizer, files = corpus
     key = hashlib.sha256(DRIVER.read_bytes() + (DRIVER.parent / "atropos_corpus_data.py").read_bytes()).hexdigest()
     cached = CACHE / f"reference-{key[:16]}.json"
