@@ -98,15 +98,23 @@ def test_min_batch_allocation_is_honoured(counts: tuple[int, int], minimum: floa
         for _ in range(n):
             q.add(QueuedGroup(gid, env_id, 4))
             gid += 1
+    formed = 0
     while True:
         available = q.env_sequences(0)
         batch = q.take_batch()
         if batch is None:
             break
+        formed += 1
         assert sum(g.size for g in batch) == 16
         from_env0 = sum(g.size for g in batch if g.env_id == 0)
         # As in Atropos: the minimum is met unless the env ran short (then it gives all it has, at least one).
         assert from_env0 >= min(int(16 * minimum), available) and from_env0 > 0
+    # Draining stops only when no batch can form: env 0 (whose minimum blocks batches) ran dry, or less than a
+    # batch is left; so with data in env 0 and a batch's worth queued, at least one batch formed.
+    left = q.env_sequences(0) + q.env_sequences(1)
+    assert q.env_sequences(0) == 0 or left < 16, (formed, q.env_sequences(0), left)
+    if counts[0] > 0 and sum(counts) * 4 >= 16:
+        assert formed >= 1
 
 
 def test_env_with_minimum_and_no_data_blocks_the_batch() -> None:

@@ -103,6 +103,7 @@ def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
         engine = engine_module.StaticEngine(state.model, tok, shape, sync_every=4)
         assert (engine.cache.decode_op is not None) == (kind == "triton")
         results[kind] = engine.run(rows)
+    assert len(results["plain"]) == len(rows) > 0
     for a, b in zip(results["plain"], results["triton"], strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
