@@ -66,6 +66,11 @@ def by_hand(q, pk, pv, gk, gv, plen, gpos, width, bucket, scale):
 def test_kernel_equals_attention_over_the_group_prompt_then_the_row(
     groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, tol
 ):
+    assert kernel_error(groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, "cpu") < tol
+
+
+def kernel_error(groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, device) -> float:
+    """The kernel on `device` against `by_hand` on the CPU, for random inputs of that shape: the largest error."""
     gen_ = torch.Generator().manual_seed(groups * dim)
     rows = groups * width
     rand = lambda *shape: torch.randn(*shape, generator=gen_).to(dtype)  # noqa: E731
@@ -75,25 +80,32 @@ def test_kernel_equals_attention_over_the_group_prompt_then_the_row(
     plen[-1] = 1  # a free group slot keeps one entry
     gpos = torch.randint(0, gen, (rows,), generator=gen_)
     gpos[0] = 0  # a row's first generated token
-    out = kernel.decode_attention(q, pk, pv, gk, gv, plen, gpos, width, bucket, dim**-0.5)
-    assert out.dtype == dtype and out.shape == q.shape
+    args = [t.to(device) for t in (q, pk, pv, gk, gv, plen, gpos)]
+    out = kernel.decode_attention(*args, width, bucket, dim**-0.5)
+    assert out.device.type == torch.device(device).type and out.dtype == dtype and out.shape == q.shape
     expected = by_hand(q, pk, pv, gk, gv, plen, gpos, width, bucket, dim**-0.5)
-    assert (out.float() - expected).abs().max().item() < tol
+    return (out.float().cpu() - expected).abs().max().item()
 
 
 @inner_only
 def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
     """The shipped model (head dim 16), greedy rows in groups: the same tokens and raw logprobs whichever
     attention the decode step uses."""
+    assert_same_decoding_either_way(monkeypatch, "cpu", questions=3, tol=1e-4)
+
+
+def assert_same_decoding_either_way(monkeypatch, device: str, questions: int, tol: float) -> None:
+    """The shipped model in fp32 on `device`, two greedy rows per question: the engine gives the same tokens,
+    finish reasons and logprobs (to `tol`) with the plain attention path and with the kernel."""
     from atropos_cli.inference.local import load_model
     from atropos_cli.inference.sampler import RowRequest
     from atropos_cli.resources import DEFAULT_MODEL
 
-    state = load_model(DEFAULT_MODEL, "cpu", "float32")
+    state = load_model(DEFAULT_MODEL, device, "float32")
     tok = state.tokenizer
     rows = [
         RowRequest(prompt_ids=tok.encode(f"<|user|>What is {i} + {2 * i}?<|end|><|assistant|>"), max_new_tokens=12)
-        for i in range(3)
+        for i in range(questions)
         for _ in range(2)
     ]
     shape = engine_module.engine_shape(rows, 8)
@@ -106,7 +118,7 @@ def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
     assert len(results["plain"]) == len(rows) > 0
     for a, b in zip(results["plain"], results["triton"], strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.logprobs == pytest.approx(b.logprobs, abs=tol)
 
 
 def test_the_kernel_is_the_cuda_default_where_triton_imports_and_resolved_when_the_cache_is_built(monkeypatch):
