@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from differential import venv_python
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -64,12 +66,7 @@ CASES = [
 
 
 def python_of(case: Case) -> str:
-    python = os.environ.get(case.python_var, "")
-    if not python or not Path(python).is_file():
-        if os.environ.get("CI"):
-            pytest.fail(f"{case.python_var} is not set in CI: .ci/run builds the {case.id} adapter's venv")
-        pytest.skip(f"set {case.python_var} to the {case.id} adapter's venv python (.ci/run builds it)")
-    return python
+    return venv_python(case.python_var, f"the {case.id} adapter")
 
 
 def atropos_python(case: Case) -> str:

@@ -3,6 +3,9 @@
 - `fake_server(**kwargs)`: start a real OpenAI-compatible `FakeInferenceServer` on 127.0.0.1 (a free port);
   every server started through it is stopped when the test ends.
 - `free_port()`: a port nobody listens on (import it from `atropos_cli.testing`).
+- `cuda`: the GPU suite's device ("cuda"); a test that takes it is skipped without CUDA and is part of
+  `pytest -m gpu` (marked `gpu` automatically). `two_cudas`: the same, for checks that need 2 GPUs.
+  docs/testing.md says how to run the suite.
 """
 
 from __future__ import annotations
@@ -54,3 +57,35 @@ def trajectory_api() -> Iterator[Callable[..., Any]]:
     yield start
     for server in started:
         server.stop()
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.fixture
+def cuda() -> str:
+    """The CUDA device for a GPU-suite test; skips where there is none."""
+    if _cuda_count() < 1:
+        pytest.skip("needs a CUDA device (the GPU suite: pytest -m gpu tests/gpu)")
+    return "cuda"
+
+
+@pytest.fixture
+def two_cudas() -> list[str]:
+    """Two CUDA devices for a multi-GPU check; skips with fewer."""
+    if _cuda_count() < 2:
+        pytest.skip(f"needs 2 CUDA devices, this machine has {_cuda_count()}")
+    return ["cuda:0", "cuda:1"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that takes `cuda` or `two_cudas` is in the GPU suite: marked `gpu` before `-m` selects."""
+    for item in items:
+        if {"cuda", "two_cudas"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.gpu)

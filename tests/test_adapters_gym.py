@@ -5,6 +5,7 @@ parallel subprocesses in one module fixture; the tests read what they wrote."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -46,7 +47,9 @@ def test_process_writes_scored_groups_with_tokens_and_episode_returns(ran):
         assert len(group["tokens"]) == 4 and not group["meta"]["tokens_missing"]
         assert group["messages"][0][0]["content"].startswith("What is ")
     assert done["process_guess"].returncode == 0, done["process_guess"].stderr
-    for group in groups(tmp / "guess"):
+    guess = groups(tmp / "guess")
+    assert len(guess) == 2 and all(len(g["scores"]) == 3 for g in guess)  # --num-groups 2 --group-size 3
+    for group in guess:
         for score, rollout in zip(group["scores"], group["meta"]["rollouts"], strict=True):
             assert score == pytest.approx(sum(rollout["step_rewards"]))
             assert rollout["reward_parts"]["turns"] == len(rollout["step_rewards"])
@@ -57,7 +60,9 @@ def test_evaluate_scores_the_eval_split(ran):
     assert done["evaluate"].returncode == 0, done["evaluate"].stderr
     samples = read_jsonl(tmp / "eval" / "samples.jsonl")
     assert len(samples) == 6 and {s["item_id"] for s in samples} == {f"eval-{i}" for i in range(6)}
-    assert (tmp / "eval" / "metrics.json").is_file()
+    metrics = json.loads((tmp / "eval" / "metrics.json").read_text())["results"]["all"]
+    correct = sum(s["correct"] for s in samples)  # one sample per item: pass@1 is the fraction right
+    assert metrics["num_samples"] == 6 and metrics["pass@1"] == pytest.approx(correct / 6, abs=1e-6)  # 6 decimals
 
 
 def test_train_runs_grpo_steps_on_a_gym_env(ran):
@@ -65,7 +70,10 @@ def test_train_runs_grpo_steps_on_a_gym_env(ran):
     assert done["train"].returncode == 0, done["train"].stderr
     steps = read_jsonl(tmp / "train" / "metrics.jsonl")
     assert len([s for s in steps if "loss" in s]) == 2
-    assert (tmp / "train" / "checkpoints" / "step-2").is_dir()
+    from safetensors import safe_open
+
+    with safe_open(str(tmp / "train" / "checkpoints" / "step-2" / "model.safetensors"), "np") as weights:
+        assert len(list(weights.keys())) > 0  # the step's weights, readable (not just a folder)
 
 
 @pytest.mark.parametrize(

@@ -44,7 +44,9 @@ def test_process_scores_with_the_tasks_own_rewards_and_metrics(ran):
             assert set(rollout["reward_parts"]) == {"score", "correct", "bare_number"}
             assert score == rollout["reward_parts"]["correct"]
     assert done["reverse"].returncode == 0, done["reverse"].stderr
-    for group in groups(tmp / "reverse"):
+    reverse = groups(tmp / "reverse")
+    assert len(reverse) == 2 and all(len(g["scores"]) == 3 for g in reverse)  # --num-groups 2 --group-size 3
+    for group in reverse:
         assert group["messages"][0][0]["content"].startswith("Reverse the word: ")
         for score, rollout in zip(group["scores"], group["meta"]["rollouts"], strict=True):
             parts = rollout["reward_parts"]

@@ -3,8 +3,6 @@ mixed-size buffering, min_batch_allocation and weighted mixing."""
 
 from __future__ import annotations
 
-import time
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -98,15 +96,23 @@ def test_min_batch_allocation_is_honoured(counts: tuple[int, int], minimum: floa
         for _ in range(n):
             q.add(QueuedGroup(gid, env_id, 4))
             gid += 1
+    formed = 0
     while True:
         available = q.env_sequences(0)
         batch = q.take_batch()
         if batch is None:
             break
+        formed += 1
         assert sum(g.size for g in batch) == 16
         from_env0 = sum(g.size for g in batch if g.env_id == 0)
         # As in Atropos: the minimum is met unless the env ran short (then it gives all it has, at least one).
         assert from_env0 >= min(int(16 * minimum), available) and from_env0 > 0
+    # Draining stops only when no batch can form: env 0 (whose minimum blocks batches) ran dry, or less than a
+    # batch is left; so with data in env 0 and a batch's worth queued, at least one batch formed.
+    left = q.env_sequences(0) + q.env_sequences(1)
+    assert q.env_sequences(0) == 0 or left < 16, (formed, q.env_sequences(0), left)
+    if counts[0] > 0 and sum(counts) * 4 >= 16:
+        assert formed >= 1
 
 
 def test_env_with_minimum_and_no_data_blocks_the_batch() -> None:
@@ -138,14 +144,3 @@ def test_weighted_mix_splits_batches_by_weight() -> None:
     for gid in range(10):
         fifo.add(QueuedGroup(gid, 1, 2))
     assert {g.env_id for g in fifo.take_batch() or []} == {1}
-
-
-def test_forming_a_batch_does_not_scan_a_long_queue() -> None:
-    q = BatchQueue(batch_size=64)
-    for gid in range(100_000):
-        q.add(QueuedGroup(gid, 0, 8))
-    start = time.perf_counter()
-    for _ in range(100):
-        assert q.take_batch() is not None
-    per_batch_ms = (time.perf_counter() - start) * 10
-    assert per_batch_ms < 5, f"{per_batch_ms:.2f} ms per batch with 100k groups queued"

@@ -30,6 +30,7 @@ from atropos_conformance import (
     run_ours_in_process,
     run_reference_batch,
 )
+from differential import missing, venv_python
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
 HAVE_REFERENCE = bool(PYTHON) and Path(PYTHON).exists()
@@ -59,10 +60,9 @@ def reference_groups(
     tokenizer_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[dict[str, list[dict[str, Any]]]]:
     """Every env file under atroposlib 0.4.0 (one interpreter, one fake server each); their groups by file."""
-    if not HAVE_REFERENCE:
-        pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv")
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib 0.4.0")
     if not reference_usable():
-        pytest.skip("atroposlib 0.4.0 needs transformers<5 in its venv: pip install 'transformers<5' (.ci/run does)")
+        missing("atroposlib 0.4.0 needs transformers<5 in its venv: pip install 'transformers<5' (.ci/run does)")
     out = tmp_path_factory.mktemp("reference")
     servers = [FakeInferenceServer(ConformanceRule(), tokenizer=str(tokenizer_dir)).start() for _ in ENV_FILES]
     try:

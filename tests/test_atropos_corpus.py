@@ -1,7 +1,8 @@
 """Atropos' whole env corpus (issue 20, Must 1): every file in atroposlib 0.4.0's `environments/` that imports
-atroposlib (142 files), downloaded at test time (`pip download --no-binary :all: --no-deps atroposlib==0.4.0`,
-cached under /tmp; never committed), is constructed under our layer the way `atropos process FILE` does before
-its first request: import, `config_init()`, the class built with its configs (tests/atropos_corpus_driver.py).
+atroposlib (142 files), from its sdist (`pip download --no-binary :all: --no-deps atroposlib==0.4.0`: .ci/run
+fetches it into $ATROPOSLIB_SDIST; never committed, never downloaded by a test), is constructed under our layer
+the way `atropos process FILE` does before its first request: import, `config_init()`, the class built with its
+configs (tests/atropos_corpus_driver.py).
 
 - Every file constructs, has no env class (a helper, a launcher, a test), or is listed in EXPECTED with the
   reason and the text of its one-line error. The count is the docs' (docs/envs-atropos.md, checked below).
@@ -30,8 +31,10 @@ import pytest
 
 from atropos_cli.resources import resolve_model_path
 from atropos_conformance import portable_tokenizer
+from differential import missing, venv_python
 
 CACHE = Path(os.environ.get("ATROPOS_CORPUS_CACHE", "/tmp/atropos-corpus-cache"))
+SDIST = Path(os.environ.get("ATROPOSLIB_SDIST", str(CACHE / "atroposlib-0.4.0.tar.gz")))
 DRIVER = Path(__file__).parent / "atropos_corpus_driver.py"
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
 TOTAL_FILES = 142
@@ -92,17 +95,18 @@ BROKEN_UPSTREAM = {
 
 
 def sdist_root() -> Path:
-    """atroposlib 0.4.0's sdist, downloaded once and unpacked under CACHE."""
+    """atroposlib 0.4.0's sdist (.ci/run fetches it into $ATROPOSLIB_SDIST; the tests never download), unpacked
+    once under CACHE."""
     root = CACHE / "atroposlib-0.4.0"
     if (root / "environments").is_dir():
         return root
+    if not SDIST.is_file():
+        missing(
+            f"atroposlib 0.4.0's sdist is not at {SDIST}: `pip download --no-binary :all: --no-deps "
+            f"atroposlib==0.4.0 -d {SDIST.parent}` (.ci/run does), or point ATROPOSLIB_SDIST at it"
+        )
     CACHE.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-binary", ":all:", "--no-deps"]
-    done = subprocess.run([*argv, "atroposlib==0.4.0", "-d", str(CACHE)], capture_output=True, text=True, timeout=600)
-    archive = CACHE / "atroposlib-0.4.0.tar.gz"
-    if done.returncode != 0 or not archive.is_file():
-        pytest.skip(f"cannot download the atroposlib 0.4.0 sdist: {done.stderr.strip()[-300:]}")
-    with tarfile.open(archive) as tar:
+    with tarfile.open(SDIST) as tar:
         tar.extractall(CACHE, filter="data")
     return root
 
@@ -152,8 +156,9 @@ def ours(corpus: tuple[Path, Path, list[str]]) -> dict[str, dict[str, Any]]:
 @pytest.fixture(scope="module")
 def reference(corpus: tuple[Path, Path, list[str]]) -> dict[str, dict[str, Any]]:
     """The corpus under the real atroposlib 0.4.0, cached by the driver's and its data's content."""
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib 0.4.0")
     if not reference_usable():
-        pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
+        missing(f"{PYTHON} cannot import atroposlib: rebuild atroposlib 0.4.0's venv (.ci/run builds it)")
     root, tokenizer, files = corpus
     key = hashlib.sha256(DRIVER.read_bytes() + (DRIVER.parent / "atropos_corpus_data.py").read_bytes()).hexdigest()
     cached = CACHE / f"reference-{key[:16]}.json"

@@ -43,6 +43,7 @@ from atropos_corpus_data import (
     STANDINS_PATH,
     install,
 )
+from differential import missing, venv_python
 from test_atropos_corpus import CACHE, corpus_files, reference_usable, sdist_root
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -365,8 +366,9 @@ def reference_runs(
     """`python FILE COMMAND FLAGS` under atroposlib for each file, one after another in one interpreter (it imports
     atroposlib once, 2 s of each file's 3.5), each against a fresh fake server on DISCOVERED_PORT: its driver
     result (None: it crashed the driver or ran past 300 s) and output folder (out/i), by file."""
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib 0.4.0")
     if not reference_usable():
-        pytest.skip("set ATROPOSLIB_PYTHON to atroposlib 0.4.0's venv (.ci/run builds it)")
+        missing(f"{PYTHON} cannot import atroposlib: rebuild atroposlib 0.4.0's venv (.ci/run builds it)")
     found: dict[str, tuple[dict[str, Any] | None, Path]] = {}
     out.mkdir(parents=True, exist_ok=True)
     driver = None

@@ -23,6 +23,7 @@ from atropos_cli.errors import EnvLoadError
 from atropos_cli.resources import resolve_model_path
 from atropos_cli.testing.fake_server import token_logprob
 from atropos_conformance import ENVS_DIR, ConformanceRule, process_flags
+from test_viewer import data_block
 
 TOKENIZER = resolve_model_path("atropos-tiny-arith")
 SED = r"s/\batroposlib\b/atropos_cli.compat.atroposlib/g"
@@ -137,9 +138,13 @@ def test_python_env_py_process_after_the_sed(fake_server, tmp_path: Path) -> Non
         assert done.returncode == 0, done.stderr[-2000:]
     first, second = tmp_path / "data" / "one_server.jsonl", tmp_path / "data" / "one_server_1.jsonl"
     assert len(first.read_text().splitlines()) == len(second.read_text().splitlines()) == 3
-    assert (tmp_path / "data" / "one_server.html").is_file() and (tmp_path / "data" / "one_server_1.html").is_file()
     record = json.loads(first.read_text().splitlines()[0])
     assert record["messages"] and record["meta"]["env"] == "one_server"
+    for jsonl in (first, second):  # each run's viewer holds that run's groups: their rollouts' texts
+        shown = json.dumps(data_block(jsonl.with_suffix(".html").read_text()))
+        for line in jsonl.read_text().splitlines():
+            for chat in json.loads(line)["messages"]:
+                assert json.dumps(chat[-1]["content"]) in shown, chat[-1]["content"]
 
 
 def test_python_env_py_bad_flag_and_bad_url_are_one_line_errors(tmp_path: Path) -> None:

@@ -79,6 +79,13 @@ def by_hand(q, pk, pv, gk, gv, plen, gpos, width, bucket, scale, window=None, si
 def test_kernel_equals_attention_over_the_group_prompt_then_the_row(
     groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, tol, window, sinks
 ):
+    assert kernel_error(groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, "cpu", window, sinks) < tol
+
+
+def kernel_error(
+    groups, width, kv_heads, ratio, dim, prompt, gen, bucket, dtype, device, window=None, sinks=False
+) -> float:
+    """The kernel on `device` against `by_hand` on the CPU, for random inputs of that shape: the largest error."""
     gen_ = torch.Generator().manual_seed(groups * dim)
     rows = groups * width
     rand = lambda *shape: torch.randn(*shape, generator=gen_).to(dtype)  # noqa: E731
@@ -89,25 +96,33 @@ def test_kernel_equals_attention_over_the_group_prompt_then_the_row(
     gpos = torch.randint(0, gen, (rows,), generator=gen_)
     gpos[0] = 0  # a row's first generated token
     sink = torch.randn(kv_heads * ratio, generator=gen_) * 3 if sinks else None
-    out = kernel.decode_attention(q, pk, pv, gk, gv, plen, gpos, width, bucket, dim**-0.5, window, sink)
-    assert out.dtype == dtype and out.shape == q.shape
+    args = [t.to(device) for t in (q, pk, pv, gk, gv, plen, gpos)]
+    on_device = sink.to(device) if sink is not None else None
+    out = kernel.decode_attention(*args, width, bucket, dim**-0.5, window, on_device)
+    assert out.device.type == torch.device(device).type and out.dtype == dtype and out.shape == q.shape
     expected = by_hand(q, pk, pv, gk, gv, plen, gpos, width, bucket, dim**-0.5, window, sink)
-    assert (out.float() - expected).abs().max().item() < tol
+    return (out.float().cpu() - expected).abs().max().item()
 
 
 @inner_only
 def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
     """The shipped model (head dim 16), greedy rows in groups: the same tokens and raw logprobs whichever
     attention the decode step uses."""
+    assert_same_decoding_either_way(monkeypatch, "cpu", questions=3, tol=1e-4)
+
+
+def assert_same_decoding_either_way(monkeypatch, device: str, questions: int, tol: float) -> None:
+    """The shipped model in fp32 on `device`, two greedy rows per question: the engine gives the same tokens,
+    finish reasons and logprobs (to `tol`) with the plain attention path and with the kernel."""
     from atropos_cli.inference.local import load_model
     from atropos_cli.inference.sampler import RowRequest
     from atropos_cli.resources import DEFAULT_MODEL
 
-    state = load_model(DEFAULT_MODEL, "cpu", "float32")
+    state = load_model(DEFAULT_MODEL, device, "float32")
     tok = state.tokenizer
     rows = [
         RowRequest(prompt_ids=tok.encode(f"<|user|>What is {i} + {2 * i}?<|end|><|assistant|>"), max_new_tokens=12)
-        for i in range(3)
+        for i in range(questions)
         for _ in range(2)
     ]
     shape = engine_module.engine_shape(rows, 8)
@@ -117,9 +132,10 @@ def test_kernel_in_the_engine_decodes_as_plain_attention(monkeypatch):
         engine = engine_module.StaticEngine(state.model, tok, shape, sync_every=4)
         assert (engine.cache.decode_op is not None) == (kind == "triton")
         results[kind] = engine.run(rows)
+    assert len(results["plain"]) == len(rows) > 0
     for a, b in zip(results["plain"], results["triton"], strict=True):
         assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
-        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert a.logprobs == pytest.approx(b.logprobs, abs=tol)
 
 
 @inner_only

@@ -85,6 +85,7 @@ def test_multi_turn_tokens_are_exact_and_prefix_preserving(fake_server, tmp_path
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     groups = [json.loads(line) for line in (out / "groups.jsonl").read_text().splitlines()]
+    assert len(groups) == 4 and all(len(g["tokens"]) == 2 for g in groups)  # --num-groups 4 --group-size 2
     multi = 0
     for group in groups:
         assert not group["meta"]["tokens_missing"]

@@ -144,6 +144,7 @@ def test_judge_pointwise_saves_reasoning(fake_server, tmp_path):
 
     server = fake_server(rule=rule)
     groups = process("judge", tmp_path / "judge", server.base_url, groups=2, group_size=2)
+    assert len(groups) == 2
     for group in groups:
         assert sorted(group["scores"]) == [0.3, 0.8]
         judged = group["meta"]["judge"]

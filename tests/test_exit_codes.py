@@ -89,9 +89,8 @@ def test_an_unexpected_exception_is_one_line_not_a_traceback(monkeypatch):
 
     monkeypatch.delenv("ATROPOS_DEBUG", raising=False)
     result = runner.invoke(mini, [])
-    assert (
-        result.exit_code == errors.EXIT_RUNTIME and result.exception is None or isinstance(result.exception, SystemExit)
-    )
+    assert result.exit_code == errors.EXIT_RUNTIME == 1
+    assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "error: internal error: ZeroDivisionError: division by zero" in result.output
     assert "ATROPOS_DEBUG=1" in result.output
     monkeypatch.setenv("ATROPOS_DEBUG", "1")

@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import httpx
 
@@ -103,23 +102,21 @@ def test_endpoints_models_health_stats_and_bad_request(fake_server):
 
 
 def test_latency_overlaps_across_64_concurrent_requests(fake_server):
-    srv = fake_server(rule="echo", latency_s=0.2)
+    """Requests wait out their latency side by side: the server saw many in flight at once (counted by the server,
+    not timed; the speed is benchmarks/check_budgets.py's). A 2 s latency leaves the client time to send them."""
+    srv = fake_server(rule="echo", latency_s=2.0)
 
-    async def go() -> float:
+    async def go() -> None:
         limits = httpx.Limits(max_connections=100)
-        async with httpx.AsyncClient(limits=limits, timeout=10) as client:
+        async with httpx.AsyncClient(limits=limits, timeout=60) as client:
             body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-            await client.post(f"{srv.base_url}/chat/completions", json=body)  # warm up the connection path
-            started = time.perf_counter()
             responses = await asyncio.gather(
                 *(client.post(f"{srv.base_url}/chat/completions", json=body) for _ in range(64))
             )
             assert all(r.status_code == 200 for r in responses)
-            return time.perf_counter() - started
 
-    elapsed = asyncio.run(go())
-    assert elapsed < 1.5, f"64 requests at 200 ms took {elapsed:.2f}s: they did not overlap"
-    assert srv.max_in_flight >= 32
+    asyncio.run(go())
+    assert srv.max_in_flight >= 32 and srv.requests == 64
 
 
 def test_cli_prints_url_serves_and_stops_on_sigterm():

@@ -73,6 +73,7 @@ def test_http_logprobs_match_a_forward_pass(client, served):
         model=DEFAULT_MODEL, messages=QUESTIONS[1], n=2, logprobs=True, extra_body={"return_token_ids": True}
     )
     prompt = resp.model_extra["prompt_token_ids"]
+    assert len(resp.choices) == 2
     for choice in resp.choices:
         ids = prompt + choice.model_extra["token_ids"]
         with torch.no_grad():

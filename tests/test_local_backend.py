@@ -58,6 +58,7 @@ def test_chat_returns_n_choices_with_aligned_tokens_and_logprobs(backend):
 def test_logprobs_agree_with_a_forward_pass(backend):
     gen = run(backend.chat(QUESTION, SamplingParams(n=4, max_tokens=16, seed=3, temperature=1.3)))
     model = backend._state.model
+    assert len(gen.choices) == 4
     for choice in gen.choices:
         ids = gen.prompt_token_ids + choice.token_ids
         with torch.no_grad():
@@ -92,6 +93,7 @@ def test_greedy_is_deterministic_and_max_tokens_gives_length(backend):
     greedy = run(backend.chat(QUESTION, SamplingParams(n=3, temperature=0.0, max_tokens=16)))
     assert len({tuple(c.token_ids) for c in greedy.choices}) == 1
     short = run(backend.complete("What is", SamplingParams(n=2, max_tokens=1, seed=0)))
+    assert len(short.choices) == 2
     for choice in short.choices:
         assert len(choice.token_ids) == 1
         assert choice.finish_reason == ("stop" if choice.token_ids[0] == backend.tokenizer.eos_token_id else "length")
@@ -100,6 +102,7 @@ def test_greedy_is_deterministic_and_max_tokens_gives_length(backend):
 def test_stop_string_cuts_the_text(backend):
     ids = backend.chat_prompt_ids(QUESTION)
     gen = run(backend.complete(ids, SamplingParams(n=8, max_tokens=16, seed=5, stop=["1"])))
+    assert len(gen.choices) == 8
     for choice in gen.choices:
         assert "1" not in choice.text
     assert any(c.finish_reason == "stop" and c.token_ids[-1] != backend.tokenizer.eos_token_id for c in gen.choices)

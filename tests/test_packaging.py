@@ -1,8 +1,13 @@
 """The built wheel carries envs, templates, trainer (one import name each) and the shipped model, and works in a
-fresh venv; pyproject lists every package folder and every bundled env."""
+fresh venv; pyproject lists every package folder and every bundled env.
+
+The fresh venv installs offline (`pip install --no-index`): the wheel's dependencies come from the wheelhouse
+.ci/run fills ($ATROPOS_WHEELHOUSE: `pip download --only-binary :all: -c constraints.txt -d DIR` of
+pyproject's dependencies). Without it the test skips here and fails where the venvs are required."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import zipfile
@@ -11,7 +16,10 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from differential import missing
+
 ROOT = Path(__file__).resolve().parents[1]
+WHEELHOUSE = Path(os.environ.get("ATROPOS_WHEELHOUSE", "/tmp/atropos-wheelhouse"))
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +94,16 @@ def test_wheel_in_a_fresh_venv_runs_process_against_a_local_server(wheel, tmp_pa
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     python, atropos = venv / "bin" / "python", venv / "bin" / "atropos"
-    subprocess.run([python, "-m", "pip", "install", "-q", str(wheel)], check=True, capture_output=True)
+    if not WHEELHOUSE.is_dir() or not any(WHEELHOUSE.glob("*.whl")):
+        missing(
+            f"no wheelhouse of atropos' requirements at {WHEELHOUSE}: `pip download --only-binary :all: -c "
+            f"constraints.txt -d {WHEELHOUSE} <pyproject's dependencies>` (.ci/run does), or set ATROPOS_WHEELHOUSE"
+        )
+    offline = ["--no-index", "--find-links", str(WHEELHOUSE)]
+    install = subprocess.run(
+        [python, "-m", "pip", "install", "-q", *offline, str(wheel)], capture_output=True, text=True, timeout=600
+    )
+    assert install.returncode == 0, install.stderr[-2000:]
     server = subprocess.Popen(
         [python, "-m", "atropos_cli.testing.fake_server", "--port", "0", "--rule", "arithmetic"],
         stdout=subprocess.PIPE,

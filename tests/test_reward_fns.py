@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from atropos_cli.cli.app import app
 from atropos_cli.resources import resolve_model_path
+from differential import venv_python
 from reward_fn_cases import COMPLETIONS, run_cases
 
 PYTHON = os.environ.get("ATROPOSLIB_PYTHON", "")
@@ -51,8 +52,8 @@ def test_scores_by_hand(ours: dict) -> None:
 
 
 @pytest.mark.atroposlib
-@pytest.mark.skipif(not PYTHON or not Path(PYTHON).exists(), reason="set ATROPOSLIB_PYTHON to atroposlib's venv")
 def test_every_reward_scores_like_atroposlib(ours: dict) -> None:
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib")
     script = Path(__file__).parent / "reward_fn_cases.py"
     done = subprocess.run([PYTHON, str(script), "atroposlib"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

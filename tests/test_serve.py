@@ -108,19 +108,37 @@ def test_offpolicy_bound_pauses_new_rollouts(tmp_path: Path, monkeypatch: pytest
         assert loaded.env.next_index <= 8
 
 
+def rejected_for_a_full_queue(url: str) -> int:
+    """The API's count of groups it turned away because its queue was full."""
+    for line in httpx.get(url + "/metrics").text.splitlines():
+        if line.startswith('atropos_api_rejected_groups_total{reason="queue_full"}'):
+            return int(float(line.split()[-1]))
+    return 0
+
+
 def test_full_queue_slows_serve_down_without_losing_groups(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SERVE_TEST_ITEMS", "12")
     with running_api(max_queue_groups=3) as url:
         start_trainer(url, batch_size=2)
         pulled: list[int] = []
+        unanswered: list[str] = []
         stop = threading.Event()
 
         def slow_trainer() -> None:
+            """Pull a batch only after the API turned a group away for a full queue (counted in its /metrics), so
+            serve meets the full queue before every pull, however fast or slow each side runs."""
+            answered, deadline = 0, time.monotonic() + 30
             while not stop.is_set():
+                turned_away = rejected_for_a_full_queue(url)
+                if turned_away == answered and time.monotonic() < deadline:
+                    stop.wait(0.01)  # poll the counter
+                    continue
+                if turned_away == answered:
+                    unanswered.append("no group turned away in 30 s: pulled anyway")
+                answered, deadline = turned_away, time.monotonic() + 30
                 resp = httpx.get(url + "/batch")
                 assert resp.status_code == 200, resp.text
                 pulled.extend(g["tokens"][0][0] for g in resp.json()["batch"] or [])
-                time.sleep(0.3)
 
         trainer = threading.Thread(target=slow_trainer, daemon=True)
         trainer.start()
@@ -132,7 +150,7 @@ def test_full_queue_slows_serve_down_without_losing_groups(tmp_path: Path, monke
         stop.set()
         trainer.join(5)
         pulled.extend(pull_all(url))
-        assert sorted(pulled) == list(range(12))
+        assert sorted(pulled) == list(range(12)) and not unanswered, unanswered
         metrics = httpx.get(url + "/metrics").text
         assert 'atropos_api_rejected_groups_total{reason="queue_full"}' in metrics
 
@@ -274,10 +292,12 @@ def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
         pulled: list[int] = []
         stop = threading.Event()
 
-        def trainer() -> None:  # each non-empty batch advances the API's step
+        def trainer() -> None:  # each non-empty batch advances the API's step: pull one as soon as it is queued
             while not stop.is_set():
+                if not httpx.get(url + "/status").json()["queue_size"]:
+                    stop.wait(0.01)  # poll the queue
+                    continue
                 pulled.extend(g["tokens"][0][0] for g in httpx.get(url + "/batch").json()["batch"] or [])
-                time.sleep(0.05)
 
         thread = threading.Thread(target=trainer, daemon=True)
         thread.start()
@@ -306,24 +326,36 @@ def test_env_state_is_checkpointed_every_interval_and_restored_by_a_later_run(
 def test_waiting_for_the_trainer_is_said_once_then_now_and_then(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SERVE_TEST_ITEMS", "2")
-    events: list[str] = []
+    """Counted in polls, not timed: with the report interval far away, 30 polls of /register-env with no trainer
+    say it once; with a zero interval every later poll repeats it, saying for how long."""
+    from atropos_cli.runs import serve as serve_module
 
-    async def go(url: str) -> Any:
+    monkeypatch.setenv("SERVE_TEST_ITEMS", "2")
+    polls: list[str] = []
+    on_wait = serve_module._Server._on_wait
+
+    def counted(self: Any, status: str) -> None:
+        polls.append(status)
+        on_wait(self, status)
+
+    monkeypatch.setattr(serve_module._Server, "_on_wait", counted)
+
+    async def go(url: str, report_s: float) -> tuple[Any, list[str]]:
+        events: list[str] = []
+        polls.clear()
         options = ServeOptions(
-            api_url=url, register_poll_s=0.01, wait_report_s=0.4, spill_path=str(tmp_path / "spill.jsonl")
+            api_url=url, register_poll_s=0.01, wait_report_s=report_s, spill_path=str(tmp_path / "spill.jsonl")
         )
         task = asyncio.create_task(serve_env(load(), options, lambda stats, message: events.append(message)))
-        started = time.monotonic()
-        while time.monotonic() - started < 1.0:  # let it poll /register-env ~100 times with no trainer
-            assert not task.done()
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: len(polls) >= 30 and not task.done(), "30 polls of /register-env")
+        waits = [e for e in events if e.startswith("waiting for the trainer")]
         await asyncio.to_thread(start_trainer, url)
-        return await asyncio.wait_for(task, timeout=30)
+        return await asyncio.wait_for(task, timeout=30), waits
 
     with running_api() as url:
-        stats = asyncio.run(go(url))
-    waits = [e for e in events if e.startswith("waiting for the trainer")]
+        stats, waits = asyncio.run(go(url, report_s=3600))
     assert stats.counts.groups == 2
-    assert 1 <= len(waits) <= 3, waits  # said at once, then every 0.4 s: not once per poll
-    assert all("(for " in e for e in waits[1:]), waits
+    assert len(waits) == 1 and "(for " not in waits[0], waits  # 30+ polls, said once
+    with running_api() as url:
+        stats, waits = asyncio.run(go(url, report_s=0))
+    assert len(waits) >= 29 and all("(for " in e for e in waits[1:]), waits  # then with how long it has waited

@@ -22,6 +22,7 @@ from atropos_cli.compat.atroposlib.utils.tool_call_parser import parse_tool_call
 from atropos_cli.compat.tool_parsers import get_parser, list_parsers
 from atropos_cli.errors import ConfigError
 from atropos_cli.resources import resolve_model_path
+from differential import venv_python
 
 TOKENIZER = resolve_model_path("atropos-tiny-arith")
 DATA = Path(__file__).parent / "data" / "compat_names"
@@ -250,8 +251,8 @@ def _tool_rule(parser: str) -> Any:
 
 
 @pytest.mark.atroposlib
-@pytest.mark.skipif(not PYTHON or not Path(PYTHON).exists(), reason="set ATROPOSLIB_PYTHON to atroposlib's venv")
 def test_hermes_helper_matches_atroposlib() -> None:
+    venv_python("ATROPOSLIB_PYTHON", "atroposlib")
     tools = [{"type": "function", "function": {"name": "calculator"}}, {"name": "search"}]
     texts = [
         "Sure. <tool_call>{'name': 'calculator', 'arguments': {'expression': '2*3'}}</tool_call>",

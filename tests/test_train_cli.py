@@ -35,6 +35,17 @@ def _rollouts(path: Path, n: int = 4) -> Path:
     return path
 
 
+def assert_trained_copy(saved: Path, start: Path) -> None:
+    """`saved` (a model.safetensors) holds every tensor of the model in `start`, same shapes, finite, and the
+    training moved them (an empty, an untouched or a truncated save fails)."""
+    from safetensors.torch import load_file
+
+    before, after = load_file(str(start / "model.safetensors")), load_file(str(saved))
+    assert set(after) >= set(before) and all(after[k].shape == before[k].shape for k in before)
+    assert all(bool(after[k].isfinite().all()) for k in before)
+    assert any(not bool((after[k].float() == before[k].float()).all()) for k in before), "no weight changed"
+
+
 def test_help_does_not_import_torch():
     code = (
         "import sys; from atropos_cli.cli.app import app; app(['train', '--help'], standalone_mode=False); "
@@ -70,7 +81,7 @@ def test_train_on_rollout_files_with_plot(tiny_model: Path, tmp_path: Path):
     assert result.exit_code == 0, result.output
     assert "step    1/2  reward 0.500" in result.output
     assert "trained 2 steps; checkpoint" in result.output
-    assert (out / "checkpoints" / "step-2" / "model.safetensors").is_file()
+    assert_trained_copy(out / "checkpoints" / "step-2" / "model.safetensors", tiny_model)
     assert (out / "reward_curve.png").read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "train_config.json").read_text())["grpo"]["loss"] == "dapo"
 
@@ -107,7 +118,12 @@ def test_sft_mode_trains_and_saves_a_model(tiny_model: Path, tmp_path: Path):
     result = runner.invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "saved the fine-tuned model to" in result.output
-    assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    assert_trained_copy(out / "model.safetensors", tiny_model)
+    assert json.loads((out / "tokenizer.json").read_text()) == json.loads((tiny_model / "tokenizer.json").read_text())
+    from transformers import AutoModelForCausalLM
+
+    reloaded = AutoModelForCausalLM.from_pretrained(out)  # the folder is a model transformers loads as it is
+    assert reloaded.config.vocab_size == json.loads((tiny_model / "config.json").read_text())["vocab_size"]
 
 
 def test_packed_training_from_files(tiny_model: Path, tmp_path: Path):

@@ -66,6 +66,7 @@ def test_staleness_0_is_the_synchronous_loop_bit_for_bit(tmp_path: Path):
         _start("train", "arithmetic", "--out", str(one), *flags),
         _start("train", "arithmetic", "--out", str(two), *flags, *ASYNC),
     )
+    assert len(_metrics(one)) == len(_metrics(two)) == 3  # --steps 3: a step each line
     for a, b in zip(_metrics(one), _metrics(two), strict=True):
         assert (a["loss"], a["grad_norm"], a["reward_mean"]) == (b["loss"], b["grad_norm"], b["reward_mean"])
         assert b["staleness_0"] == b["sequences"] and b["staleness_max"] == 0

@@ -119,6 +119,7 @@ def test_two_ranks_train_like_one_process(rollouts: Path, tmp_path: Path):
     _train(one, rollouts)
     result = _train(two, rollouts, "--nproc-per-node", "2")
     assert result.stdout.count("trained 2 steps") == 1  # one rank reports
+    assert len(_metrics(one)) == len(_metrics(two)) == 2  # two steps: one line each
     for a, b in zip(_metrics(one), _metrics(two), strict=True):
         assert a["sequences"] == b["sequences"] and a["trained_tokens"] == b["trained_tokens"]
         assert b["loss"] == pytest.approx(a["loss"], abs=TOL)
@@ -169,6 +170,7 @@ def test_replicated_ranks_train_like_one_process_and_resume(rollouts: Path, tmp_
     _train(one, rollouts)
     result = _train(two, rollouts, "--nproc-per-node", "2", "--parallel", "replicate")
     assert result.stdout.count("trained 2 steps") == 1
+    assert len(_metrics(one)) == len(_metrics(two)) == 2  # two steps: one line each
     for a, b in zip(_metrics(one), _metrics(two), strict=True):
         assert a["sequences"] == b["sequences"] and a["trained_tokens"] == b["trained_tokens"]
         assert b["loss"] == pytest.approx(a["loss"], abs=TOL)
@@ -372,6 +374,7 @@ def test_two_torchrun_launchers_as_two_nodes_train_like_one_launcher(rollouts: P
             if node.poll() is None:
                 node.kill()
     assert [node.returncode for node in nodes] == [0, 0], results
+    assert len(_metrics(one)) == len(_metrics(two)) == 2  # two steps: one line each
     for a, b in zip(_metrics(one), _metrics(two), strict=True):
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=TOL)
     assert _max_diff(_weights(one, 2), _weights(two, 2)) < TOL

@@ -202,7 +202,9 @@ def test_a_narrow_warmup_adds_exactly_nothing_to_the_gradient(dtype):
     trainer = _trainer(True, KeepingRecorder(), dtype=dtype)
     samples = prepare(long_groups(), scale_rewards=True, dynamic_sampling=False, max_len=320).samples
     first = static_micro_batch([samples[0]], trainer.static_shape)
-    for warm in narrow_warmups(first, trainer.static_shape):
+    warmups = list(narrow_warmups(first, trainer.static_shape))
+    assert warmups, "no narrow warm-up for a long first micro-batch: the check below would see nothing"
+    for warm in warmups:
         stats = LossStats()
         loss = trainer._train_micro_batch(warm, Normaliser(1, 1), stats)
         assert float(loss) == 0.0 and float(stats.sums["tokens"]) == warm.input_ids.shape[1]

@@ -158,8 +158,8 @@ def test_grpo_raises_reward_of_the_shipped_model_on_the_default_env(tmp_path: Pa
     """`atropos train arithmetic` in short: the shipped model, the default env and the CLI's defaults for it
     (lr 3e-4, 32 groups of 8 per step), on-policy for 80 steps with a fixed seed (~1 min on 2 cores). The
     model knows more than it samples (greedy 76%, temperature 1.0 36%), so the reward must climb."""
-    from atropos_cli.cli.train import default_lr
     from atropos_cli.resources import DEFAULT_MODEL, shipped_models
+    from atropos_cli.trainer.config import default_lr
 
     if DEFAULT_MODEL not in shipped_models():
         pytest.skip("the shipped model is not built in this checkout")

@@ -10,7 +10,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -125,16 +124,14 @@ def test_an_empty_run_renders_a_page(tmp_path: Path) -> None:
     assert data_block(html)["groups"] == [] and "<rect" not in html and "n/a" in html
 
 
-def test_ten_thousand_groups_render_in_a_few_seconds(tmp_path: Path) -> None:
+def test_ten_thousand_groups_render_into_one_page(tmp_path: Path) -> None:
+    """Every group is in the page (its speed: benchmarks/check_budgets.py)."""
     groups = [
         group([float(i % 3) - 1, 1.0, 0.0, 0.5], answer=f"answer {i} " * 10, item=f"train-{i}") for i in range(10_000)
     ]
-    started = time.perf_counter()
     out = render_html(sourced(groups), tmp_path / "big.html", title="big")
-    elapsed = time.perf_counter() - started
     size = out.stat().st_size
     html = out.read_text(encoding="utf-8")
-    assert elapsed < 8, f"rendering 10,000 groups took {elapsed:.1f}s"
     assert 2_000_000 < size < 40_000_000
     assert len(data_block(html)["groups"]) == 10_000 and html.rstrip().endswith("</html>")
     assert '<div class="n" id="stat-groups">10000</div>' in html

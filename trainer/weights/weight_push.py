@@ -214,7 +214,7 @@ class WeightReceiver:
             got, self._pending = self._pending, None
             if got is None:
                 return self.version
-            self._applying = self._sets.index(got.buckets)
+            self._applying = next(i for i, s in enumerate(self._sets) if s is got.buckets)  # by identity
         try:
             state = model.state_dict()
             with torch.no_grad():

@@ -96,7 +96,7 @@ class ModelOptions:
     def parameter(self, name: str, info: FieldInfo) -> inspect.Parameter:
         flag = flag_of(name, self.flags)
         annotation = info.annotation
-        default = None if info.default_factory is not None else info.default
+        default = None if info.default_factory is not None or info.is_required() else info.default  # no Undefined
         bool_flag = annotation is bool or (_optional(annotation) and bool in get_args(annotation))
         names = [f"{flag}/--no-{flag[2:]}"] if bool_flag else [flag]
         extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
