@@ -30,7 +30,7 @@ def test_engine_on_cuda_equals_the_eager_forward(cuda, name):
     prompts = [p[:20] for p in sequences(2, seed=1)]
     rows = [RowRequest(prompt_ids=p, max_new_tokens=24, temperature=t, seed=i) for p in prompts for i, t in
             enumerate((0.0, 1.0))]  # fmt: skip
-    results = StaticEngine(model, _Tokenizer(), engine_shape(rows, 8), compile_step=False).run(rows)
+    results = StaticEngine(model, _Tokenizer(), engine_shape(rows, 8)).run(rows)  # the CUDA default: compiled
     assert len(results) == 4
     for row, result in zip(rows, results, strict=True):
         expected = reference(name, row.prompt_ids + result.token_ids, cuda)[len(row.prompt_ids) - 1 :]
@@ -53,7 +53,7 @@ def test_trainer_on_cuda_equals_the_eager_forward(cuda, name):
     got = {}
     with torch.no_grad():
         for mb in batches:
-            logp = trainer._logprobs(trainer.model, mb).float().cpu()
+            logp = trainer._logprobs(trainer.model, mb.to(cuda)).float().cpu()
             mask = mb.loss_mask.cpu()
             for i in range(mask.shape[0]):
                 row = logp[i][mask[i] == 1]
