@@ -167,8 +167,7 @@ def test_drop_mode_reads_the_per_token_lists_not_only_the_group_version():
 
 
 def test_staleness_metric_keys_are_a_fixed_set_whatever_the_versions():
-    from trainer.async_loop import HISTOGRAM_TOP, staleness_metrics
-
+    from atropos_cli.trainer.async_loop import HISTOGRAM_TOP, staleness_metrics
     from atropos_cli.types import ScoredGroup
 
     keys = None
