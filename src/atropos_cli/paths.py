@@ -24,15 +24,14 @@ def attention_line(model: Any) -> str:
 def rollout_path(model: Any, cuda: bool) -> str:
     """How the local backend samples this model: the static engine (and its decode attention) or the loop
     sampler, and why."""
-    from atropos_cli.attention import describe
-    from atropos_cli.inference.engine import attention_kind, refusal
+    from atropos_cli.inference.engine import decode_attention_for, refusal
 
     refused = refusal(model)
     if refused is not None:
         return f"loop sampler: the static engine refuses this model ({refused}); on CUDA ~20-30x slower"
     if not cuda:
         return "loop sampler (CPU; the static engine, CUDA graphs and the compiled step run on CUDA)"
-    kind = "plain" if describe(model).attn_softcap else attention_kind(True)
+    kind = decode_attention_for(model, is_cuda=True)
     extra = " (soft-capped scores: the plain path)" if kind == "plain" else ""
     return f"static engine: {kind} decode attention{extra}, compiled step, CUDA graphs"
 

@@ -44,6 +44,7 @@ from atropos_cli.inference.sampler import RowRequest, RowResult, cache_kwarg, eo
 
 __all__ = [
     "StaticEngine", "EngineShape", "engine_shape", "group_attention", "kv_layout", "refusal", "supports",
+    "decode_attention_for",
     "GROUP_ATTENTION",
 ]  # fmt: skip
 
@@ -159,6 +160,14 @@ def attention_kind(is_cuda: bool) -> str:
     return "triton" if available() else "fused"
 
 
+def decode_attention_for(model: Any, is_cuda: bool) -> str:
+    """The decode attention an engine uses for this model: the device's (`attention_kind`), except the plain path
+    for soft-capped scores (only it caps them: the kernels take raw scores)."""
+    from atropos_cli.attention import describe
+
+    return "plain" if describe(model).attn_softcap else attention_kind(is_cuda)
+
+
 def _partial(q: Any, k: Any, v: Any, mask: Any, bias: Any, scale: float, fused: bool, softcap: float | None):
     """Attention of q [B, H, Lq, D] over the entries of k/v [B, H, Lk, D] that `mask` [B, Lk] allows: (output in
     fp32 [B, H, Lq, D], log-sum-exp of the scaled scores [B, H, Lq]; -inf where no entry is allowed, and then the
@@ -255,7 +264,7 @@ class GroupCache:
     is_compileable = True
 
     def __init__(
-        self, layers: int, shape: EngineShape, heads: int, dim: int, dtype: Any, device: Any, plain: bool = False
+        self, layers: int, shape: EngineShape, heads: int, dim: int, dtype: Any, device: Any, attention: str = ""
     ):
         import torch
 
@@ -274,8 +283,8 @@ class GroupCache:
         self.dtype = dtype
         self.gen_pos = torch.zeros(shape.slots, dtype=torch.long, device=device)
         self.bucket = shape.gen_len  # a host int: the generation entries a step reads (one graph per value)
-        # soft-capped scores: only the plain path caps them (the kernels take raw scores)
-        self.attention = "plain" if plain else attention_kind(torch.device(device).type == "cuda")
+        # the model's decode attention (`decode_attention_for`), or the device's default
+        self.attention = attention or attention_kind(torch.device(device).type == "cuda")
         self.no_sinks = torch.empty(0, dtype=torch.float32, device=device)
         self.decode_op = None
         if self.attention == "triton":
@@ -463,11 +472,8 @@ class StaticEngine:
         self.device = model.device
         self.cache_kw = cache_kwarg(model)
         heads, dim = kv_layout(cfg)
-        from atropos_cli.attention import describe
-
-        self.facts = describe(model)
-        plain = self.facts.attn_softcap is not None
-        self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device, plain)
+        attention = decode_attention_for(model, self.device.type == "cuda")
+        self.cache = GroupCache(cfg.num_hidden_layers, shape, heads, dim, model.dtype, self.device, attention)
         self.eos = sorted(eos_ids(model, tokenizer))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (self.eos or [0])[0]
         _use_group_attention(model)
