@@ -115,14 +115,6 @@ def _pieces(position_ids: Any) -> dict[str, Any]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
-def _final_softcap(model: Any) -> float | None:
-    """The model's final-logit soft-cap (Gemma 2: logits = cap * tanh(h·Wᵀ / cap)), or None."""
-    if isinstance(model, lora.ReferenceView):
-        model = model.peft_model
-    config = lora.unwrap(model).config
-    return getattr(getattr(config, "text_config", None) or config, "final_logit_softcapping", None) or None
-
-
 PackMode = Literal["off", "rows", "static"]
 # How packed rows are compiled (benchmarks/bench_trainer.py compares the alternatives, results/trainer_gpu.md):
 # decoder layers one by one (the 24 layers share one graph: a first step of ~12 s instead of ~80-150 s for the
@@ -201,6 +193,8 @@ class GRPOTrainer:
                 self.model.enable_input_require_grads()
         self.model.train()
         self.pack = packing_mode(self.model, config.pack, self.device)
+        # Gemma 2's logits = cap * tanh(h·Wᵀ / cap): read once, the policy's and the reference's alike
+        self.final_softcap = describe(lora.unwrap(self.model)).final_softcap
         # --parallel and --micro-batch-tokens are resolved once, so config.yaml and checkpoints record the values
         total = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -338,7 +332,7 @@ class GRPOTrainer:
         if sink is not None and isinstance(self.precision, Precision):
             self.precision.watch_sink(hidden, head_weight)
         logp = flat_token_logprobs(
-            hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink, _final_softcap(model)
+            hidden, head_weight, targets, mb.inv_temperature, self.config.chunk_size, sink, self.final_softcap
         )
         out = torch.zeros(mb.loss_mask.numel(), dtype=logp.dtype, device=logp.device)
         return out.index_copy(0, mb.place, logp).view_as(mb.loss_mask)
