@@ -49,6 +49,7 @@ from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
 from .precision import Dtype, Precision
+from .router import router_for
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "packing_mode", "PackMode"]
 
@@ -195,6 +196,9 @@ class GRPOTrainer:
         self.pack = packing_mode(self.model, config.pack, self.device)
         # Gemma 2's logits = cap * tanh(h·Wᵀ / cap): read once, the policy's and the reference's alike
         self.final_softcap = describe(lora.unwrap(self.model)).final_softcap
+        # MoE: the router's load-balancing loss as the config says, and load-balance metrics (router.py)
+        self.router = router_for(lora.unwrap(self.model).config)
+        self._router_logits: Any = None  # the policy forward's, for _train_micro_batch
         # --parallel and --micro-batch-tokens are resolved once, so config.yaml and checkpoints record the values
         total = sum(p.numel() for p in self.model.parameters())
         trainable = sum(p.numel() for p in self.model.parameters() if p.requires_grad)
@@ -322,8 +326,14 @@ class GRPOTrainer:
                 inputs.update(_pieces(mb.position_ids))
         elif mb.padded:  # else no mask at all: attention takes the plain causal (flash) path
             inputs["attention_mask"] = mb.attention_mask
+        routed = self.router is not None and torch.is_grad_enabled()  # the policy's forward, not the reference's
+        if routed:
+            inputs["output_router_logits"] = True
         with self.precision.autocast(self.device):
-            hidden = body(**inputs).last_hidden_state
+            output = body(**inputs)
+        hidden = output.last_hidden_state
+        if routed:
+            self._router_logits = output.router_logits
         # only trained positions reach the LM head (prompt tokens need no logits); its inputs are in the compute
         # dtype (as autocast would give them), its logits fp32
         hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.select).to(self.precision.compute_dtype)
@@ -398,6 +408,11 @@ class GRPOTrainer:
         import torch
 
         logp = self.policy(mb)
+        aux = None
+        if self.router is not None:  # before the reference's forward; its share of the step (router.py)
+            tokens = mb.loss_mask.sum()
+            aux = self.router.term(self._router_logits, mb.attention_mask, tokens, norm.token_divisor, stats)
+            self._router_logits = None
         ref = None
         if self.reference is not None:
             with torch.no_grad():
@@ -412,6 +427,8 @@ class GRPOTrainer:
             loss = loss + cfg.distill_beta * distill_loss(logp, mb.teacher_logp, covered, norm)
             stats.add("distill_kl_sum", ((logp.detach() - mb.teacher_logp) * covered).sum())
             stats.add("distill_tokens", covered.sum())
+        if aux is not None:
+            loss = loss + aux
         # FSDP averages gradients over ranks; each rank's loss is its share of the sum (fsdp.py); replicas sum
         fsdp_dist = None if self.replicated else self.dist
         (loss * fsdp_dist.world if fsdp_dist is not None else loss).backward()

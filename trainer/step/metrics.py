@@ -121,6 +121,10 @@ def loss_metrics(sums: dict[str, float], norm: Normaliser) -> dict[str, Any]:
         out["kl"] = sums["kl_sum"] / tokens
     if sums.get("distill_tokens"):
         out["distill_kl"] = sums["distill_kl_sum"] / sums["distill_tokens"]
+    if "moe_aux_sum" in sums:  # router.py: each a mean over the step's trained tokens
+        out["moe_aux_loss"] = sums["moe_aux_sum"] / tokens
+        out["moe_load_max"] = sums["moe_load_max_sum"] / tokens
+        out["moe_load_min"] = sums["moe_load_min_sum"] / tokens
     if "is_rejected_tokens" in sums:
         out["is_rejected_fraction"] = sums["is_rejected_tokens"] / tokens
     return out
