@@ -89,3 +89,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if {"cuda", "two_cudas"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.gpu)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _compile_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Compiles of the tests' engines go to a session directory, never the user's cache (compile_cache.py)."""
+    import os
+
+    os.environ.setdefault("ATROPOS_COMPILE_CACHE", str(tmp_path_factory.mktemp("compile-cache")))
+    yield

@@ -52,7 +52,10 @@ def _register() -> None:
 def compile_body(model: Any, body: Any, regional: bool | str = False) -> None:
     """Compile `body` (the model without its LM head) in place: whole, or layer by layer (`regional`, or the
     fallback). Layer by layer, the 24 identical layers of a 0.5B model share one compiled graph: a fraction of
-    the compile time, at the price of Python between the layers."""
+    the compile time, at the price of Python between the layers. Kernels are kept across runs (compile_cache.py)."""
+    from atropos_cli import compile_cache
+
+    compile_cache.enable()
     implementation = getattr(model.config, "_attn_implementation", None)
     if implementation == "sdpa":
         try:

@@ -59,6 +59,9 @@ def op() -> Any:
 @functools.cache
 def _op() -> Any:
     """The registered custom op (built once: defining it needs triton)."""
+    from atropos_cli import compile_cache
+
+    compile_cache.enable()  # before triton reads its cache directory
     import torch
     import triton
     from torch.library import triton_op, wrap_triton

@@ -813,8 +813,13 @@ class StaticEngine:
 def _compiled(fn: Any, backend: Any = "inductor") -> Any:
     """`fn` compiled by torch.compile (CUDA: inductor fuses the elementwise work between matrix products; the
     decode step's `backend` first fuses its projections, fuse.py). Each engine shape and generation bucket is
-    one static graph: the recompile limit is raised to hold them."""
+    one static graph: the recompile limit is raised to hold them. Kernels are kept across runs
+    (compile_cache.py)."""
     import torch
+
+    from atropos_cli import compile_cache
+
+    compile_cache.enable()
 
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
