@@ -99,7 +99,15 @@ def worker(args) -> None:
     with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
         attention = {"attn_implementation": "sdpa"} if args.shape in SHAPES else {}  # a family: its own default
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **attention)
-    matmul_params = sum(p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n)
+    from atropos_cli.trainer.step.router import router_for
+
+    router = router_for(cfg)  # MoE: a token passes through top_k of the experts (FLOPs of the active ones)
+    active = router.top_k / router.experts if router is not None else 1.0
+    matmul_params = sum(
+        p.numel() * (active if "experts" in n else 1.0)
+        for n, p in model.named_parameters()
+        if p.dim() >= 2 and "embed" not in n
+    )
     if cfg.tie_word_embeddings:
         matmul_params += cfg.vocab_size * cfg.hidden_size
     config = GRPOConfig(
@@ -141,6 +149,7 @@ def worker(args) -> None:
             probe.begin()
         metrics = trainer.step(batch)
         losses.append(metrics["loss"])
+        moe = {k: round(v, 4) for k, v in metrics.items() if k.startswith("moe_")}
         if probe is not None:
             probe.end()
     sync()
@@ -187,6 +196,7 @@ def worker(args) -> None:
             "graphs": "/".join(map(str, counts)) if g is not None else "off",
             "params_b": sum(p.numel() for p in model.parameters()) / 1e9,
             "loss": losses[-1],
+            **moe,
             "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
             + (", NUMA-bound" if args.near_gpu else ""),
         }
@@ -486,6 +496,9 @@ def main() -> None:
                 f"{r['alloc_retries']} retries) | {r['s_per_step']:.2f} | {r['warmup_s']:.0f} "
                 f"| {r.get('recompiles', '')} | {r.get('graphs', '')} |"
             )
+            if "moe_aux_loss" in r:  # MoE rows: the last step's load balance (trainer/step/router.py)
+                moe = r["moe_aux_loss"], r["moe_load_max"], r["moe_load_min"]
+                line += " MoE: aux {:.3f}, load max {:.2f} min {:.2f}".format(*moe)
         lines.append(line)
         print(line, flush=True)
         if r.get("detail"):
