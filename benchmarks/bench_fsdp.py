@@ -345,7 +345,14 @@ def row_shape(spec: str, plain_shape: str) -> str:
     parts = spec.split(":")
     if parts[0] != "plain":
         return parts[0]
-    return parts[1] if len(parts) > 1 and parts[1] in SHAPES else plain_shape
+    return parts[1] if len(parts) > 1 and _is_shape(parts[1]) else plain_shape
+
+
+def _is_shape(name: str) -> bool:
+    """A Qwen2.5 shape of SHAPES or a published shape of atropos_cli.families (not a row flag)."""
+    from atropos_cli.families import shape_names
+
+    return name in SHAPES or name in shape_names()
 
 
 def run_row(spec: str, args) -> dict:
@@ -356,7 +363,7 @@ def run_row(spec: str, args) -> dict:
     parts = spec.split(":")
     shape = row_shape(spec, "tiny" if args.tiny else "0.5b")
     n = 1 if parts[0] == "plain" else int(parts[1])
-    if parts[0] == "plain" and len(parts) > 1 and parts[1] in SHAPES:  # plain:1.5b: the shape is no flag
+    if parts[0] == "plain" and len(parts) > 1 and _is_shape(parts[1]):  # plain:1.5b: the shape is no flag
         parts = [parts[0], *parts[2:]]
     alloc_conf = None  # `exp`: the caching allocator's expandable segments (no fragmentation near the limit)
     extra = ["--shape", shape, "--steps", str(args.steps), "--warmup", str(args.warmup), "--device", args.device]

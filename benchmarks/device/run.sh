@@ -43,13 +43,19 @@
 #                    warm-up steps, STEPS (10) timed.
 #   fsdp-large       (4 GPUs) the 7B shape under FSDP: full fine-tuning (--grad-sync micro-batch) and LoRA r=16.
 #   loop-four        (4 GPUs) `atropos train arithmetic --nproc-per-node 4`, LOOP_STEPS (100) steps, wall time.
+#   gpu-suite        (2 GPUs) the GPU test suite: pytest -m gpu tests/gpu (docs/testing.md).
+#   compile-cache    bench_compile_cache.py: `atropos train`'s first step with an empty compile cache, then warm,
+#                    on SHAPES (Qwen2.5-0.5B).
+#   trainer-families bench_fsdp.py one-process rows (plain:SHAPE) of TRAINER_FAMILIES at the trainer's defaults,
+#                    mixed lengths, MFU; CAP (80) GiB a process, as an 80 GB card. Several side by side
+#                    (trainer-families@2 trainer-families@3) with TRAINER_FAMILIES_<GPU>.
 #   two-nodes        (4 GPUs) two torchrun launchers of 2 GPUs each (--nnodes 2) against one launcher of 4, same
 #                    rollouts and flags: both loss curves and their largest difference.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
 ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async fsdp fsdp-variants replicas
-fsdp-large loop-four two-nodes"
+fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
 
@@ -205,6 +211,27 @@ for a, b in zip(one, two):
     print(a["step"], f"{a['loss']:+.6f}", f"{b['loss']:+.6f}", f"{a['grad_norm']:.5f}", f"{b['grad_norm']:.5f}")
 print("largest loss difference:", max(abs(a["loss"] - b["loss"]) for a, b in zip(one, two)))
 PY
+}
+
+round_gpu_suite() {
+    python3 -m pytest -m gpu tests/gpu -v -rs -p no:cacheprovider > "$OUT/gpu_suite.log" 2>&1
+    echo "pytest rc=$?"; grep -E "PASSED|FAILED|ERROR|SKIPPED|passed|failed" "$OUT/gpu_suite.log" | tail -60
+}
+
+round_compile_cache() {
+    python3 benchmarks/bench_compile_cache.py --shapes "${SHAPES:-Qwen2.5-0.5B}" --out "$OUT/compile_cache.md" \
+        > "$OUT/compile_cache.log" 2>&1
+    cat "$OUT/compile_cache.md" 2>/dev/null || tail -20 "$OUT/compile_cache.log"
+}
+
+round_trainer_families() {
+    local gpus="${CUDA_VISIBLE_DEVICES:-0}" list rows="" shape
+    list="TRAINER_FAMILIES_${gpus%%,*}"
+    list="${!list:-${TRAINER_FAMILIES:-Llama-3.2-1B,Qwen3-1.7B}}"
+    for shape in ${list//,/ }; do rows+="plain:$shape,"; done
+    python3 benchmarks/bench_fsdp.py --rows "${rows%,}" --cap-gib "${CAP:-80}" --steps "${STEPS:-3}" \
+        --warmup "${WARMUP:-2}" --row-timeout "${ROW_TIMEOUT:-200}" --out "$OUT/trainer-families-${gpus//,/-}.md" 2>&1 \
+        | quiet | tee "$OUT/trainer-families-${gpus//,/-}.log"
 }
 
 run_round() {  # ROUND: its function, with $OUT/ROUND as its OUT
