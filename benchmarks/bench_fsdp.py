@@ -93,8 +93,10 @@ def worker(args) -> None:
     node = bind_near_gpu(device, args.near_gpu)
     cfg = model_config(args.shape)
     if args.cap_gib and device.startswith("cuda"):  # an 80 GB card's budget on a larger one: defaults follow it
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), device)
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index  # a plain row's "cuda"
+        total = torch.cuda.get_device_properties(index).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), index)
     torch.manual_seed(0)
     with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
         attention = {"attn_implementation": "sdpa"} if args.shape in SHAPES else {}  # a family: its own default

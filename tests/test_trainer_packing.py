@@ -114,6 +114,8 @@ def test_packing_is_off_by_default_on_cpu_and_on_when_asked():
     assert packing_mode(tiny_qwen(), None, "cpu") == "off"
     assert packing_mode(tiny_qwen(), True, "cpu") == "rows"
     assert packing_mode(tiny_qwen(), False, "cuda") == "off"
+    # fp32 on CUDA: the flash kernel computes in bf16/fp16 only, so packed rows take the dense varlen path
+    assert packing_mode(tiny_qwen(), None, "cuda", "fp32") == "rows"
 
 
 def test_static_packing_gives_every_micro_batch_one_shape_and_the_padded_gradient():

@@ -124,7 +124,7 @@ REGIONAL_COMPILE: bool | str = True  # True, "dynamic" (every dimension symbolic
 EXACT_ROWS = True
 
 
-def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
+def packing_mode(model: Any, pack: bool | None, device: str, dtype: str = "auto") -> PackMode:
     """How micro-batches are laid out; on CUDA this also switches the model's attention.
 
     - "off": padded rows, similar lengths together (the CPU default; on CUDA too for a model with attention sinks
@@ -133,14 +133,15 @@ def packing_mode(model: Any, pack: bool | None, device: str) -> PackMode:
       is filler), attention confined to each sample by torch's varlen flash kernel (`atropos_varlen`). Every
       micro-batch has one shape, so the compiled body compiles once, and no padding reaches the model;
     - "rows" (CPU `--pack`, or CUDA where torch lacks varlen attention): samples end to end in rows as long as
-      they come; on CPU through `atropos_varlen`'s dense path (exact for every model: transformers' packed-position
-      mask is not built by every model, gpt-oss's for one), on CUDA through flex attention.
+      they come; on CPU, and on CUDA with `--dtype fp32` (the flash kernel computes in bf16/fp16 only), through
+      `atropos_varlen`'s dense path (exact for every model: transformers' packed-position mask is not built by
+      every model, gpt-oss's for one); on CUDA where torch lacks varlen attention, through flex attention.
     """
     cuda = device.startswith("cuda")
     if not (cuda if pack is None else pack):
         return "off"
-    if not cuda:  # rows through varlen attention's dense path: exact for every model (transformers' packed-
-        use_varlen(lora.unwrap(model))  # position mask is not built by every model, gpt-oss's for one)
+    if not cuda or resolve_dtype(dtype, device) == "fp32":  # varlen attention's dense path: exact for every model
+        use_varlen(lora.unwrap(model))
         return "rows"
     model = lora.unwrap(model)
     facts = describe(model)
@@ -193,7 +194,7 @@ class GRPOTrainer:
             if self.is_lora:  # the embeddings are frozen: without this no gradient reaches a checkpointed block
                 self.model.enable_input_require_grads()
         self.model.train()
-        self.pack = packing_mode(self.model, config.pack, self.device)
+        self.pack = packing_mode(self.model, config.pack, self.device, config.dtype)
         # Gemma 2's logits = cap * tanh(h·Wᵀ / cap): read once, the policy's and the reference's alike
         self.final_softcap = describe(lora.unwrap(self.model)).final_softcap
         # MoE: the router's load-balancing loss as the config says, and load-balance metrics (router.py)

@@ -501,6 +501,10 @@ class StaticEngine:
         self._host = [tuple(torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in outs) for _ in range(2)]
         self._flip = 0
         on_cuda = self.device.type == "cuda"
+        if on_cuda and model.dtype != torch.bfloat16 and getattr(cfg, "_experts_implementation", None) == "grouped_mm":
+            # transformers' grouped experts take a looping fallback outside bf16 that reads expert counts on the
+            # host: no CUDA graph can hold it. The batched form is the same products without that read.
+            model.set_experts_implementation("batched_mm")
         self._sampler = _compiled(sample_step) if on_cuda else sample_step
         compile_step = on_cuda if compile_step is None else compile_step
         if compile_step:  # q/k/v and gate/up as one matrix product each in the compiled step (fuse.py)
