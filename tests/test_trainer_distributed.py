@@ -104,6 +104,24 @@ def test_default_micro_batches_fit_beside_the_training_state():
     assert default_micro_batch_tokens("cpu", False, None, 0, 1) == 8192
 
 
+def test_a_run_that_cannot_fit_its_gpu_fails_before_the_first_step():
+    from transformers import Qwen2Config
+
+    from atropos_cli.errors import ConfigError
+    from atropos_cli.trainer.config import activation_bytes_per_token, check_fits
+    from atropos_cli.trainer.scale.replicate import state_bytes
+
+    gpu = 80 * 2**30
+    per_token = activation_bytes_per_token(Qwen2Config(num_hidden_layers=36, hidden_size=2560), False)
+    # Qwen3-4B full fine-tuning in one process: 72 GB of state before any activation (measured: CUDA OOM)
+    with pytest.raises(ConfigError, match="GiB a GPU") as err:
+        check_fits(gpu, state_bytes(4_020_000_000, 4_020_000_000, "replicate", 1), per_token, 4096)
+    assert "--nproc-per-node" in (err.value.hint or "") and "--lora-r" in (err.value.hint or "")
+    check_fits(gpu, state_bytes(3_210_000_000, 3_210_000_000, "replicate", 1), per_token, 4096)  # 3B: ran, 65 GiB
+    check_fits(gpu, state_bytes(4_020_000_000, 20_000_000, "replicate", 1), per_token, 4096)  # LoRA: fits
+    check_fits(None, 10**15, per_token, 4096)  # CPU: not checked
+
+
 def test_a_cuda_trainer_takes_few_host_threads_unless_the_user_chose():
     from atropos_cli.trainer.config import AUTO_THREADS, HOST_THREADS, host_threads
 

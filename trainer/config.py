@@ -314,6 +314,26 @@ def default_micro_batch_tokens(
     return 4096
 
 
+def check_fits(gpu_bytes: int | None, held_bytes: int, bytes_per_token: int, micro_batch_tokens: int) -> None:
+    """Fail before the first step when the training state and one micro-batch's activations cannot fit this GPU
+    (a CUDA out-of-memory after minutes of compiling otherwise). `gpu_bytes` None (CPU): nothing to check."""
+    if gpu_bytes is None:
+        return
+    need = held_bytes + micro_batch_tokens * bytes_per_token
+    if need <= 0.95 * gpu_bytes:
+        return
+    from atropos_cli.errors import ConfigError
+
+    gib = 2**30
+    raise ConfigError(
+        f"this run needs about {need / gib:.0f} GiB a GPU ({held_bytes / gib:.0f} GiB of weights, gradients and AdamW "
+        f"state, {micro_batch_tokens * bytes_per_token / gib:.0f} GiB of activations for {micro_batch_tokens} tokens) "
+        f"and the GPU gives this process {gpu_bytes / gib:.0f} GiB",
+        hint="shard it over several GPUs (--nproc-per-node N: FSDP), train LoRA adapters (--lora-r 16), or lower "
+        "--micro-batch-tokens / add --gradient-checkpointing when the activations are the excess",
+    )
+
+
 HOST_THREADS = 4  # torch's intra-op threads in a CUDA training process (its host only collates small tensors)
 AUTO_THREADS = "ATROPOS_AUTO_THREADS"  # set by `launch` beside the OMP_NUM_THREADS it chose: not the user's
 

@@ -184,6 +184,8 @@ def varlen_attention(
     """transformers attention function for one packed row: causal attention within each piece that
     `cu_seq_lens_q` delimits, within the layer's sliding window, with its sinks and soft-cap where it has them.
     query [1, Hq, T, D], key/value [1, Hkv, T, D] -> ([1, T, Hq, D], None)."""
+    import torch
+
     if kwargs.get("cu_seq_lens_q") is None:  # not a packed row (an eval forward, say)
         return sequence_attention(module, query, key, value, attention_mask, scaling, **kwargs)
     variant = LayerVariant.of(kwargs)
@@ -191,7 +193,8 @@ def varlen_attention(
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # [T, heads, D]
     flash = _FLASH[0]
     exact_on_flash = flash is not None and variant.sinks is None and variant.softcap is None
-    if q.is_cuda and exact_on_flash and (variant.window is None or flash.windows):
+    half = q.dtype in (torch.bfloat16, torch.float16)  # the flash kernel computes in these only (fp32: dense)
+    if q.is_cuda and half and exact_on_flash and (variant.window is None or flash.windows):
         out = flash(q.contiguous(), k.contiguous(), v.contiguous(), cu, max_len, scaling, variant.window)
     else:
         out = _dense_varlen(q, k, v, cu, scaling, variant)

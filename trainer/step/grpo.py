@@ -35,6 +35,7 @@ from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, r
 from ..config import (
     GRPOConfig,
     activation_bytes_per_token,
+    check_fits,
     default_micro_batch_tokens,
     gpu_budget_bytes,
     host_threads,
@@ -214,6 +215,7 @@ class GRPOTrainer:
         if config.micro_batch_tokens is None:
             config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens
+        check_fits(gpu, held, per_token, self.micro_batch_tokens)
         self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
         compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
         if compile_on and self.device.startswith("cuda"):
