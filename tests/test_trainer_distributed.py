@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from atropos_cli.errors import ConfigError
+
 torch = pytest.importorskip("torch")
 safetensors_torch = pytest.importorskip("safetensors.torch")
 
@@ -107,7 +109,6 @@ def test_default_micro_batches_fit_beside_the_training_state():
 def test_a_run_that_cannot_fit_its_gpu_fails_before_the_first_step():
     from transformers import Qwen2Config
 
-    from atropos_cli.errors import ConfigError
     from atropos_cli.trainer.config import activation_bytes_per_token, check_fits
     from atropos_cli.trainer.scale.replicate import state_bytes
 
@@ -120,6 +121,24 @@ def test_a_run_that_cannot_fit_its_gpu_fails_before_the_first_step():
     check_fits(gpu, state_bytes(3_210_000_000, 3_210_000_000, "replicate", 1), per_token, 4096)  # 3B: ran, 65 GiB
     check_fits(gpu, state_bytes(4_020_000_000, 20_000_000, "replicate", 1), per_token, 4096)  # LoRA: fits
     check_fits(None, 10**15, per_token, 4096)  # CPU: not checked
+
+
+def test_an_8b_model_on_four_80gb_cards_shards_its_gradients_by_default():
+    from transformers import LlamaConfig
+
+    from atropos_cli.trainer.config import activation_bytes_per_token, auto_grad_sync, check_fits
+    from atropos_cli.trainer.scale.replicate import state_bytes
+
+    gpu, n = 80 * 2**30, 8_030_000_000
+    per_token = activation_bytes_per_token(LlamaConfig(num_hidden_layers=32, hidden_size=4096), False)
+    step = state_bytes(n, n, "fsdp", 4, "step")  # the unsharded fp32 gradient: 32 GB on every rank
+    assert auto_grad_sync(gpu, True, step, per_token) == "micro-batch"
+    with pytest.raises(ConfigError):
+        check_fits(gpu, step, per_token, 4096)  # what the once-a-step layout would need: it cannot fit
+    check_fits(gpu, state_bytes(n, n, "fsdp", 4, "micro-batch"), per_token, 4096)
+    small = state_bytes(494_000_000, 494_000_000, "fsdp", 4, "step")
+    assert auto_grad_sync(gpu, True, small, per_token) == "step"  # 0.5B: the faster layout
+    assert auto_grad_sync(None, True, step, per_token) == "step"  # CPU
 
 
 def test_a_cuda_trainer_takes_few_host_threads_unless_the_user_chose():

@@ -35,6 +35,7 @@ from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, r
 from ..config import (
     GRPOConfig,
     activation_bytes_per_token,
+    auto_grad_sync,
     check_fits,
     default_micro_batch_tokens,
     gpu_budget_bytes,
@@ -210,8 +211,12 @@ class GRPOTrainer:
             config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
         self.replicated = dist is not None and config.parallel == "replicate"
         sharded = dist is not None and not self.replicated
-        held = replicate.state_bytes(total, trainable, "fsdp" if sharded else "replicate", world)
         per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
+        layout: replicate.Parallel = "fsdp" if sharded else "replicate"
+        if config.grad_sync == "auto":
+            step = replicate.state_bytes(total, trainable, layout, world, "step")
+            config.grad_sync = auto_grad_sync(gpu, sharded, step, per_token)
+        held = replicate.state_bytes(total, trainable, layout, world, config.grad_sync)
         if config.micro_batch_tokens is None:
             config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens

@@ -8,9 +8,9 @@ into the micro-batch's share of the step's auxiliary loss and its metrics.
 
 The loss is the Switch Transformer's, as transformers computes it for these models: with f_e the fraction of
 top-k assignments that go to expert e and P_e the mean router probability of e (both over every layer's real
-tokens), aux = E * sum_e f_e * P_e (1.0 when perfectly balanced). It joins the loss as the config says: only
-when `output_router_logits` is true, weighted by `router_aux_loss_coef`, as transformers' own
-`...ForCausalLM.forward` adds it when training with labels. The metrics come either way:
+tokens), aux = E * sum_e f_e * P_e (k, the experts a token goes to, when perfectly balanced). It joins the
+loss as the config says: only when `output_router_logits` is true, weighted by `router_aux_loss_coef`, as
+transformers' own `...ForCausalLM.forward` adds it when training with labels. The metrics come either way:
 
 - `moe_aux_loss`: the aux value above (mean over the step's trained tokens, micro-batch by micro-batch);
 - `moe_load_max` / `moe_load_min`: the busiest and idlest expert's share of assignments over the uniform share
