@@ -200,6 +200,7 @@ def worker(args) -> None:
             "loss": losses[-1],
             **moe,
             "how": f"{config.parallel if dist is not None else 'one process'}, {config.micro_batch_tokens // 1024}k"
+            + (f", grad sync {config.grad_sync}" if dist is not None and config.parallel == "fsdp" else "")
             + (", NUMA-bound" if args.near_gpu else ""),
         }
     details = (dist.gather(probe.steps) if dist is not None else [probe.steps]) if probe is not None else None
@@ -454,7 +455,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-tokens", type=int, default=None, help="default: the trainer's (by world size)")
     parser.add_argument("--lora-r", type=int, default=0)
     parser.add_argument("--gc", action="store_true")
-    parser.add_argument("--grad-sync", default="step")
+    parser.add_argument("--grad-sync", default="auto", help="the trainer's --grad-sync (default: its own)")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-cuda-graphs", action="store_true", help="worker: the eager step (row flag :nographs)")
     parser.add_argument("--profile", action="store_true", help="worker: print a profile of one more step")
