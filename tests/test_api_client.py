@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
@@ -25,19 +24,34 @@ def test_trainer_side_pulls_each_batch_then_stops_when_idle(trajectory_api: Any)
     posted = [_group(float(i + 1)) for i in range(4)]
     for group in posted:
         assert httpx.post(f"{api.url}/scored_data", json=group.to_scored_data()).status_code == 200
-    started = time.monotonic()
-    batches = list(iter_batches(api.url, registration, idle_timeout=0.5, poll_interval=0.05))
-    assert [len(b) for b in batches] == [2, 2]  # batch_size counts rollouts: two groups of two each
-    assert sorted(g.scores[0] for b in batches for g in b) == [1.0, 2.0, 3.0, 4.0]
-    assert time.monotonic() - started >= 0.5  # it returned (the list ended), after idle_timeout without data
+    late = [_group(5.0), _group(6.0)]
+    waits: list[str] = []
+
+    def on_wait(line: str) -> None:
+        """Called while the client waits on an empty queue: the first time, two more groups arrive, which an
+        idle client must still pick up (it did not stop at its first empty answer)."""
+        waits.append(line)
+        if len(waits) == 1:
+            for group in late:
+                assert httpx.post(f"{api.url}/scored_data", json=group.to_scored_data()).status_code == 200
+
+    batches = list(
+        iter_batches(api.url, registration, idle_timeout=1.0, poll_interval=0.05, on_wait=on_wait, wait_report_every=0)
+    )
+    # batch_size counts rollouts: two groups of two each; the list ended once the queue stayed idle
+    assert [len(b) for b in batches] == [2, 2, 2]
+    assert sorted(g.scores[0] for b in batches for g in b) == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+    assert waits and "waiting for a batch of 4" in waits[0]
 
 
 def test_trainer_side_fails_fast_with_a_hint_when_no_api_answers() -> None:
     url = f"http://127.0.0.1:{free_port()}"
-    started = time.monotonic()
+    retries: list[str] = []
     with pytest.raises(ApiUnavailableError, match="cannot reach the trajectory API") as info:
-        next(iter_batches(url, TrainerRegistration(batch_size=4), idle_timeout=30))
-    assert time.monotonic() - started < 5 and "atropos api" in (info.value.hint or "")
+        next(iter_batches(url, TrainerRegistration(batch_size=4), idle_timeout=30, on_wait=retries.append))
+    # fails on the first refused connection: no retry loop, no idle wait (which would have reported)
+    assert "gave up after" not in info.value.message and retries == []
+    assert "atropos api" in (info.value.hint or "")
 
 
 def test_retry_after_is_parsed_and_capped() -> None:

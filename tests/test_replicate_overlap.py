@@ -19,7 +19,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -150,6 +149,16 @@ def _weights(trainer) -> dict[str, list[float]]:
     return {str(i): t.detach().float().reshape(-1).tolist() for i, t in enumerate(p.optimized)}
 
 
+def _started_in_last_backward(ends: list[tuple[list[float], int]], launches: list[float]) -> int | None:
+    """Buckets of the last step started before the last Python backward returned: counted, not timed. None when
+    no backward ran (this rank had no sample to train); 0 when the last backward was an earlier step's (a step
+    whose last micro-batch was a graph replay)."""
+    if not ends:
+        return None
+    seen, count = ends[-1]
+    return count if seen is launches else 0
+
+
 def worker(case: str, out: str) -> None:
     from atropos_cli.trainer.scale import replicate
     from atropos_cli.trainer.scale.distributed import init_from_env
@@ -162,12 +171,14 @@ def worker(case: str, out: str) -> None:
     graphs = case.endswith("graphs")
     trainer = _trainer(dtype, tied, checkpointing, dist, static=graphs)
     recorder = _with_graphs(trainer) if graphs else None
-    backward_ends: list[float] = []
+    # at each backward's end: the reducer's launch list then (arm() starts a new one each step) and its length
+    backward_ends: list[tuple[list[float], int]] = []
     original = torch.Tensor.backward
 
     def backward(self, *args, **kwargs):
         original(self, *args, **kwargs)
-        backward_ends.append(time.perf_counter())
+        launches = trainer.precision.reducer.launch_times
+        backward_ends.append((launches, len(launches)))
 
     torch.Tensor.backward = backward  # type: ignore[method-assign]
     for _ in range(GRAPHS_STEPS if graphs else 1):
@@ -178,7 +189,7 @@ def worker(case: str, out: str) -> None:
         "order": reducer.launch_order,
         "early": reducer.early,
         # None: this rank had no sample to train (its buckets all start in `finish`)
-        "before_backward_end": sum(t < backward_ends[-1] for t in reducer.launch_times) if backward_ends else None,
+        "before_backward_end": _started_in_last_backward(backward_ends, reducer.launch_times),
         "grad_norm": metrics["grad_norm"],
         "weights": _weights(trainer),
         "graphs": None,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 
@@ -12,6 +11,7 @@ from atropos_cli.errors import BadResponseError, InferenceError, ServerUnreachab
 from atropos_cli.inference.factory import make_backend
 from atropos_cli.inference.openai_compat import OpenAICompatBackend
 from atropos_cli.inference.router import ServerManager
+from atropos_cli.retry import Backoff
 from atropos_cli.testing import free_port
 
 QUESTION = [{"role": "user", "content": "What is 7 + 5?"}]
@@ -107,12 +107,29 @@ def test_persistent_5xx_gives_up_after_max_retries(fake_server):
     assert srv.requests == 3
 
 
+class _RecordingBackoff:
+    """The router's own Backoff, recording each (server's Retry-After, chosen delay) it is asked for."""
+
+    def __init__(self, backoff: Backoff) -> None:
+        self.backoff = backoff
+        self.calls: list[tuple[float | None, float]] = []
+
+    def delay(self, attempt: int, retry_after: float | None = None) -> float:
+        chosen = self.backoff.delay(attempt, retry_after)
+        self.calls.append((retry_after, chosen))
+        return chosen
+
+
 def test_retry_after_is_respected(fake_server):
+    """The server's Retry-After (0.2 s), not the manager's 5-50 ms backoff, sets every cool-down: checked on the
+    delays the router chose and the cool-down it set, not on a clock."""
     srv = fake_server(error_rate=1.0, error_status=429, retry_after=0.2)
-    started = time.perf_counter()
+    manager = _manager(srv.base_url, max_retries=2)
+    manager.backoff = recording = _RecordingBackoff(manager.backoff)
     with pytest.raises(InferenceError, match="HTTP 429"):
-        _run(_manager(srv.base_url, max_retries=2), *_chats(1))
-    assert time.perf_counter() - started >= 0.4 and srv.requests == 3
+        _run(manager, *_chats(1))
+    assert srv.requests == 3 and len(recording.calls) == 3
+    assert all(after == 0.2 and 0.2 <= chosen <= 0.22 for after, chosen in recording.calls), recording.calls
 
 
 def test_ignored_n_is_fanned_out_and_remembered(fake_server):
