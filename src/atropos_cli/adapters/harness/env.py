@@ -36,7 +36,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos_cli.adapters.harness.proxy import Proxy, ProxySettings, create_proxy_app, serve_in_loop
+from atropos_cli.adapters.harness.settings import ProxySettings
 from atropos_cli.adapters.harness.session import Drift, HarnessRow
 from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.multiturn import MultiTurnEnv
@@ -200,9 +200,11 @@ class HarnessEnv(MultiTurnEnv):
         tasks = [{"id": str(row.get("id", f"task-{i}")), **row} for i, row in enumerate(rows)]
         return cycle_shuffled(tasks, self.config.seed) if split == "train" else iter(tasks)
 
-    def _proxy(self) -> Proxy:
+    def _proxy(self) -> Any:
         proxy = getattr(self, "_recording_proxy", None)
         if proxy is None:
+            from atropos_cli.adapters.harness.proxy import Proxy, create_proxy_app
+
             config: HarnessConfig = self.config  # type: ignore[assignment]
             if self.tokenizer is None:
                 raise ConfigError(
@@ -222,6 +224,8 @@ class HarnessEnv(MultiTurnEnv):
     @contextlib.asynccontextmanager
     async def _proxy_running(self) -> AsyncIterator[str]:
         """The proxy served on a free 127.0.0.1 port for one group (in this event loop), stopped after."""
+        from atropos_cli.adapters.harness.proxy import serve_in_loop
+
         self._proxy()
         server, task, url = await serve_in_loop(self._proxy_app)
         try:

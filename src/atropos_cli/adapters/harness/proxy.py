@@ -31,9 +31,8 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
-
 from atropos_cli.adapters.harness.session import SessionRecord, clean_message
+from atropos_cli.adapters.harness.settings import ProxySettings
 from atropos_cli.compat.tool_parsers import get_parser
 from atropos_cli.errors import BadRequestError, BadResponseError, InferenceError
 from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
@@ -41,28 +40,7 @@ from atropos_cli.inference.openai_schema import ChatRequest, HTTPError, parse_re
 from atropos_cli.inference.server import error_handlers, read_json, render_error
 from atropos_cli.types import Message
 
-__all__ = ["ProxySettings", "Proxy", "create_proxy_app", "serve_in_loop"]
-
-
-class ProxySettings(BaseModel):
-    """The recording proxy's settings (`atropos proxy`'s flags; the harness env fills them from its config)."""
-
-    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
-
-    tool_parser: str = "hermes"
-    """How tool calls look in the policy's text (hermes, qwen, llama3_json, mistral, deepseek_v3, ...)."""
-    max_tokens: int = Field(default=1024, ge=1)
-    """Most tokens one call samples (a call asking for more, or for no limit, gets this many)."""
-    temperature: float | None = Field(default=None, ge=0.0)
-    """Sampling temperature of every call (unset: the harness's own value, 1.0 when it sends none)."""
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    """Nucleus sampling of every call (unset: the harness's own value)."""
-    max_sessions: int = Field(default=1024, ge=1)
-    """Most open sessions; past it a 429 (DELETE finished ones)."""
-    max_calls: int = Field(default=256, ge=1)
-    """Most model calls one session may make; past it a 429."""
-    max_body_mb: float = Field(default=8.0, gt=0)
-    """Largest request body (MiB); past it a 413."""
+__all__ = ["Proxy", "create_proxy_app", "serve_in_loop"]
 
 
 class Proxy:
