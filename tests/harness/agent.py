@@ -4,7 +4,8 @@ itself, its final answer written to answer.txt in its working directory.
 
 Loop: ask; run every tool call and send the results; a reply without tool calls is the answer, or, while
 `--turns` allows, the agent asks "Are you sure?" and goes on. `--stream` reads replies as server-sent events;
-`--rewrite` edits its own copy of the first reply before going on (as harnesses that compact history do).
+`--rewrite` (or `"rewrite": true` in the task) edits its own copy of the first reply before going on (as
+harnesses that compact their history do).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def main() -> None:
             continue
         if turn + 1 == args.turns:
             break
-        if args.rewrite:
+        if args.rewrite or task.get("rewrite"):
             messages[1] = {**messages[1], "content": (messages[1].get("content") or "") + " (edited)"}
         messages.append({"role": "user", "content": "Are you sure?"})
     Path("answer.txt").write_text(messages[-1].get("content") or "")
