@@ -124,7 +124,9 @@ def test_errors_limits_and_a_failed_call_that_the_harness_retries(proxy, fake_se
         assert browser.status_code == 403
         backend.error_rate, backend.error_status = 1.0, 400  # the backend refuses: the call is not recorded
         refused = client.post(base, json=chat, headers=AUTH)
-        assert refused.status_code == 400 and "the policy backend refused the call" in refused.json()["error"]["message"]
+        assert (
+            refused.status_code == 400 and "the policy backend refused the call" in refused.json()["error"]["message"]
+        )
         assert client.get(f"/sessions/{session}", headers=AUTH).json()["calls"] == 0
         backend.error_rate = 0.0  # the harness sends the same call again: one clean segment, no drift
         assert client.post(base, json=chat, headers=AUTH).status_code == 200

@@ -44,7 +44,9 @@ def ask(client: OpenAI, model: str, messages: list[dict[str, Any]], stream: bool
         delta = chunk.choices[0].delta
         content += delta.content or ""
         for call in delta.tool_calls or []:
-            entry = calls.setdefault(call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}})
+            entry = calls.setdefault(
+                call.index, {"id": call.id, "type": "function", "function": {"name": "", "arguments": ""}}
+            )
             entry["function"]["name"] += call.function.name or ""
             entry["function"]["arguments"] += call.function.arguments or ""
     message: dict[str, Any] = {"role": "assistant", "content": content or None}

@@ -17,8 +17,7 @@ from atropos_cli.cli.options import AllowedHosts, ModelOptions, with_options
 from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits
 
 PROXY_HELP = (
-    "Serve the recording proxy: an OpenAI-compatible endpoint per rollout session that records every call's "
-    "token ids."
+    "Serve the recording proxy: an OpenAI-compatible endpoint per rollout session that records every call's token ids."
 )
 
 

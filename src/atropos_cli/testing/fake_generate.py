@@ -54,7 +54,9 @@ def top_k_entry(token_id: int, k: int, vocab_size: int, logprob: Logprob) -> dic
     return {str((token_id + j) % vocab_size): round(base - 0.5 * j, 4) for j in range(k)}
 
 
-def _sample(server: Any, tokenizer: Any, prompt: str, max_tokens: int | None, stop: Any, cut: Cut) -> tuple[list[int], str]:
+def _sample(
+    server: Any, tokenizer: Any, prompt: str, max_tokens: int | None, stop: Any, cut: Cut
+) -> tuple[list[int], str]:
     """One answer of the server's rule to `prompt`, in the tokenizer's ids: (ids, finish reason)."""
     stop_ids = [s for s in stop if isinstance(s, int)] if isinstance(stop, list) else []
     stop_text = [s for s in stop if isinstance(s, str)] if isinstance(stop, list) else stop
@@ -85,8 +87,12 @@ def tokenized_completion_body(server: Any, req: Any, cut: Cut, logprob: Logprob)
             if finish == "stop" and tokenizer.eos_token_id is not None:
                 ids = [*ids, tokenizer.eos_token_id]
             choice: dict[str, Any] = {"index": p * req.n + index, "text": text, "finish_reason": finish}
-            choice["logprobs"] = {"tokens": [tokenizer.decode([t]) for t in ids],
-                                  "token_logprobs": [logprob(t) for t in ids]} if req.logprobs is not None else None  # fmt: skip
+            choice["logprobs"] = None
+            if req.logprobs is not None:
+                choice["logprobs"] = {
+                    "tokens": [tokenizer.decode([t]) for t in ids],
+                    "token_logprobs": [logprob(t) for t in ids],
+                }
             if req.return_token_ids:
                 choice.update(token_ids=ids, prompt_token_ids=ids_in)
             choices.append(choice)

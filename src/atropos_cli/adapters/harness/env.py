@@ -36,12 +36,12 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos_cli.adapters.harness.settings import ProxySettings
 from atropos_cli.adapters.harness.session import Drift, HarnessRow
+from atropos_cli.adapters.harness.settings import ProxySettings
 from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.multiturn import MultiTurnEnv
-from atropos_cli.tokens import MASKED
 from atropos_cli.errors import AtroposError, ConfigError
+from atropos_cli.tokens import MASKED
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
 __all__ = ["HarnessConfig", "HarnessEnv", "HarnessResult", "HarnessFailed", "command_for"]
@@ -189,7 +189,9 @@ class HarnessEnv(MultiTurnEnv):
                 hint="pass --env.verifier PROGRAM, or subclass HarnessEnv and override score(task, result)",
             )
         if not config.data_path:
-            raise ConfigError(f"{cls.name} needs tasks", hint="pass --env.data_path tasks.jsonl (one JSON object a line)")
+            raise ConfigError(
+                f"{cls.name} needs tasks", hint="pass --env.data_path tasks.jsonl (one JSON object a line)"
+            )
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         from atropos_cli.envs._shared.data import cycle_shuffled, load_local_records
@@ -289,12 +291,18 @@ class HarnessEnv(MultiTurnEnv):
             scores=[p.score for p, _ in rows],
             messages=[row.messages for _, row in rows],
             meta=GroupMeta(
-                env=self.name, env_version=self.version, item_id=item["id"], duration_s=round(elapsed, 4),
+                env=self.name,
+                env_version=self.version,
+                item_id=item["id"],
+                duration_s=round(elapsed, 4),
                 failed_rollouts=self.config.group_size - len(played),
                 rollouts=[
                     RolloutMeta(
-                        finish_reason=row.finish_reason, reward_parts=p.parts,
-                        completion_tokens=sum(m != MASKED for m in row.masks), calls=row.calls, exact=row.exact,
+                        finish_reason=row.finish_reason,
+                        reward_parts=p.parts,
+                        completion_tokens=sum(m != MASKED for m in row.masks),
+                        calls=row.calls,
+                        exact=row.exact,
                         drift=[d.model_dump() for d in p.result.drift],
                     )
                     for p, row in rows

@@ -31,6 +31,7 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+
 from atropos_cli.adapters.harness.session import SessionRecord, clean_message
 from atropos_cli.adapters.harness.settings import ProxySettings
 from atropos_cli.compat.tool_parsers import get_parser
@@ -150,7 +151,10 @@ async def _events(model: str, reply: Message, finish: str | None) -> AsyncIterat
     delta: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
     if reply.get("tool_calls"):
         delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(reply["tool_calls"])]
-    for choice in ({"index": 0, "delta": delta, "finish_reason": None}, {"index": 0, "delta": {}, "finish_reason": finish}):
+    for choice in (
+        {"index": 0, "delta": delta, "finish_reason": None},
+        {"index": 0, "delta": {}, "finish_reason": finish},
+    ):
         yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
     yield b"data: [DONE]\n\n"
 

@@ -177,9 +177,13 @@ class SessionRecord:
         """One row per segment that has a reply."""
         return [
             HarnessRow(
-                tokens=list(s.trace.tokens), masks=list(s.trace.masks),
+                tokens=list(s.trace.tokens),
+                masks=list(s.trace.masks),
                 logprobs=list(s.trace.logprobs) if s.trace.logprobs is not None else None,
-                messages=[dict(m) for m in s.seen], calls=s.calls, exact=s.exact, finish_reason=s.finish_reason,
+                messages=[dict(m) for m in s.seen],
+                calls=s.calls,
+                exact=s.exact,
+                finish_reason=s.finish_reason,
             )  # fmt: skip
             for s in self.segments
             if s.calls
