@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -137,3 +138,45 @@ def test_errors_limits_and_a_failed_call_that_the_harness_retries(proxy, fake_se
         report = client.get(f"/sessions/{session}", headers=AUTH).json()
         assert report["calls"] == 2 and [d["kind"] for d in report["drift"]] == ["history_rewritten"]
         assert "no more than the 2 already answered" in report["drift"][0]["detail"]
+
+
+def test_a_backend_without_token_ids_is_reported_as_retokenized(fake_server) -> None:
+    backend = fake_server(tool_rule, tokenizer=TOKENIZER, tokenizer_ids=True)
+    router = ServerManager([ServerConfig(base_url=backend.base_url, server_type="openai", model_name="policy")])
+    app = create_proxy_app(Proxy(router, load_tokenizer(TOKENIZER), ProxySettings(max_tokens=128)))
+    with ThreadedServer(app) as server, httpx.Client(base_url=server.url, timeout=30) as client:
+        session = client.post("/sessions").json()["id"]
+        chat = {"messages": [{"role": "user", "content": "What is 2 plus 3?"}]}
+        assert client.post(f"/s/{session}/v1/chat/completions", json=chat).status_code == 200
+        report = client.delete(f"/sessions/{session}").json()
+    assert [(d["call"], d["kind"]) for d in report["drift"]] == [(1, "retokenized")]
+    assert report["rows"][0]["exact"] is False
+
+
+def test_the_proxy_command_serves_sessions_on_the_shipped_model(tmp_path: Path) -> None:
+    cmd = [sys.executable, "-c", "from atropos_cli.cli.app import main; main()", "proxy", "--port", "0"]
+    env = {**os.environ, "COLUMNS": "400"}
+    proc = subprocess.Popen(
+        [*cmd, "--max-tokens", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    killer = threading.Timer(120, proc.kill)  # a proxy that never says it serves cannot hang the test
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert "recording proxy for 'atropos-tiny-arith' on http://127.0.0.1:" in line, proc.stderr.read()
+        url = line.split(" on ")[1].split()[0]
+        with httpx.Client(timeout=60) as client:
+            opened = client.post(f"{url}/sessions").json()
+            chat = {"messages": [{"role": "user", "content": "What is 2 + 3?"}]}
+            reply = client.post(f"{opened['base_url']}/chat/completions", json=chat).json()
+            assert reply["choices"][0]["message"]["role"] == "assistant" and reply["usage"]["completion_tokens"] >= 1
+            [row] = client.delete(f"{url}/sessions/{opened['id']}").json()["rows"]
+        trained = [t for t, m in zip(row["tokens"], row["masks"], strict=True) if m != -100]
+        assert len(trained) == reply["usage"]["completion_tokens"] and row["exact"]
+    finally:
+        killer.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+    bad = subprocess.run([*cmd, "--env.group_size", "2"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and "atropos proxy takes no --env.* flags" in bad.stderr
