@@ -2,8 +2,9 @@
 
 A group of an item (a task: one JSON object of `--env.data_path`) starts the proxy on a free 127.0.0.1 port,
 then runs `group_size` copies of the program concurrently, each in a fresh working directory, with:
-- `OPENAI_BASE_URL` = its own session's endpoint, `OPENAI_API_KEY` = the proxy's key (an OpenAI client picks
-  both up), `ATROPOS_MODEL` = the policy's model name, `ATROPOS_TASK` = the task as JSON.
+- `OPENAI_BASE_URL` (and `OPENAI_API_BASE`, older clients' name) = its own session's endpoint,
+  `OPENAI_API_KEY` = the proxy's key (an OpenAI client picks both up), `ATROPOS_MODEL` = the policy's model
+  name, `ATROPOS_TASK` = the task as JSON.
 The program talks to the model as to any OpenAI-compatible server (tools included, see `proxy`); the proxy
 records every call's token ids. When the program exits (0, within `--env.timeout_s`), `score(task, result)`
 gives the rollout's score: by default the `--env.verifier` program, which reads the rollout as JSON on stdin
@@ -248,8 +249,9 @@ class HarnessEnv(MultiTurnEnv):
         proxy = self._proxy()
         session_id = proxy.open()
         config: HarnessConfig = self.config  # type: ignore[assignment]
+        base_url = f"{_proxy_url.get()}/s/{session_id}/v1"
         env = {
-            **os.environ, "OPENAI_BASE_URL": f"{_proxy_url.get()}/s/{session_id}/v1", "OPENAI_API_KEY": self._proxy_key,
+            **os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_BASE": base_url, "OPENAI_API_KEY": self._proxy_key,
             "ATROPOS_MODEL": str(self.server.model_name), "ATROPOS_TASK": json.dumps(item),
         }  # fmt: skip
         assert self.program is not None
