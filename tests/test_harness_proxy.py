@@ -18,9 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
+from typer.testing import CliRunner
 
 from atropos_cli.adapters.harness.proxy import Proxy, create_proxy_app
 from atropos_cli.adapters.harness.settings import ProxySettings
+from atropos_cli.cli.app import app
 from atropos_cli.compat.tool_parsers import get_parser
 from atropos_cli.config import ServerConfig
 from atropos_cli.inference.router import ServerManager
@@ -178,5 +180,5 @@ def test_the_proxy_command_serves_sessions_on_the_shipped_model(tmp_path: Path) 
         killer.cancel()
         proc.terminate()
         proc.wait(timeout=30)
-    bad = subprocess.run([*cmd, "--env.group_size", "2"], capture_output=True, text=True, env=env, timeout=60)
-    assert bad.returncode == 2 and "atropos proxy takes no --env.* flags" in bad.stderr
+    bad = CliRunner().invoke(app, ["proxy", "--port", "0", "--env.group_size", "2"])
+    assert bad.exit_code == 2 and "atropos proxy takes no --env.* flags" in bad.output
