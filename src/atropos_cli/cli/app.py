@@ -73,6 +73,11 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.export",
         "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server).",
     ),
+    "proxy": LazyCommand(
+        "atropos_cli.cli.proxy",
+        "Serve the recording proxy: an OpenAI-compatible endpoint per rollout session that records every call's "
+        "token ids.",
+    ),
     "models": LazyCommand(
         "atropos_cli.cli.models",
         "List the shipped models with their directories, and the supported model families with their paths.",

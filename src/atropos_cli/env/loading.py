@@ -24,7 +24,7 @@ from atropos_cli.env.registry import resolve_env
 from atropos_cli.errors import AtroposError
 from atropos_cli.resources import DEFAULT_MODEL
 
-__all__ = ["LoadedEnv", "load_env", "resolve_run_config", "uses_default_local_model"]
+__all__ = ["LoadedEnv", "load_env", "resolve_run_config", "uses_default_local_model", "default_to_local"]
 
 
 @dataclass
@@ -39,7 +39,7 @@ class LoadedEnv:
         return self.env.server
 
 
-def _default_to_local(servers: list[ServerConfig]) -> list[ServerConfig]:
+def default_to_local(servers: list[ServerConfig]) -> list[ServerConfig]:
     """A server with no base_url cannot be reached over HTTP: run it in-process (shipped model by default)."""
     resolved = []
     for server in servers:
@@ -95,7 +95,7 @@ def resolve_run_config(
         cli_env,
         cli_openai,
     )
-    servers = _default_to_local(servers)
+    servers = default_to_local(servers)
     teacher = _teacher_servers(env_cls, yaml_data, {**overrides.get("teacher", {}), **cli["teacher"]})
     env_json = env_config.model_dump(mode="json")
     run_config = RunConfig(env_name=env_spec, env=env_json, openai=servers, teacher=teacher)

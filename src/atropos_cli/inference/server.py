@@ -32,7 +32,9 @@ from atropos_cli.inference.local import BadRequestError, LocalBackend
 from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, parse_request, prompt_list
 from atropos_cli.inference.served import LocalServed, Served
 
-__all__ = ["create_app", "ServerSettings", "ChatRequest", "CompletionRequest"]
+__all__ = [
+    "create_app", "ServerSettings", "ChatRequest", "CompletionRequest", "read_json", "error_handlers", "render_error",
+]  # fmt: skip
 
 
 class ServerSettings(BaseModel):
@@ -55,7 +57,7 @@ class ReloadRequest(BaseModel):
     path: str = Field(min_length=1)
 
 
-def _render(status: int, message: str, hint: str | None = None) -> JSONResponse:
+def render_error(status: int, message: str, hint: str | None = None) -> JSONResponse:
     text = message + (f" (hint: {hint})" if hint else "")
     kind = "server_error" if status >= 500 else "invalid_request_error"
     return JSONResponse({"error": {"message": text, "type": kind, "param": None, "code": status}}, status)
@@ -66,7 +68,7 @@ def _error(exc: HTTPError) -> JSONResponse:
     return JSONResponse(body, status_code=exc.status, headers=exc.headers)
 
 
-async def _read_json(request: Request, limit: int) -> Any:
+async def read_json(request: Request, limit: int) -> Any:
     declared = request.headers.get("content-length", "")
     too_large = HTTPError(413, f"request body is over the limit of {limit} bytes (--max-body-mb)")
     if declared.isdigit() and int(declared) > limit:
@@ -148,14 +150,14 @@ def create_app(backend: Served | LocalBackend, settings: ServerSettings | None =
     app.state.served = served
     if settings.api_key:
         hint = "send 'Authorization: Bearer KEY' (OpenAI clients: api_key=KEY)"
-        app.add_middleware(BearerAuth, api_key=settings.api_key, render=_render, hint=hint)
-    app.add_middleware(BrowserGuard, render=_render, hosts=HostPolicy(settings.host, settings.allowed_hosts))
-    _error_handlers(app)
+        app.add_middleware(BearerAuth, api_key=settings.api_key, render=render_error, hint=hint)
+    app.add_middleware(BrowserGuard, render=render_error, hosts=HostPolicy(settings.host, settings.allowed_hosts))
+    error_handlers(app)
     _info_routes(app, served)
 
     async def generate(request: Request, model: type[Any], run: Callable[[Any], Awaitable[Any]]) -> Response:
         with gate.slot() as grow, served.arriving():  # a burst of requests being parsed becomes one batch
-            req = parse_request(await _read_json(request, limit), model, served.strict)
+            req = parse_request(await read_json(request, limit), model, served.strict)
             _check_prompt_size(served, req)
             grow(_sequences(req, min(settings.max_choices, settings.max_pending)))
             answer = await run(req)
@@ -172,13 +174,13 @@ def create_app(backend: Served | LocalBackend, settings: ServerSettings | None =
 
     @app.post("/reload_weights")
     async def reload_weights(request: Request) -> dict[str, Any]:
-        req = parse_request(await _read_json(request, limit), ReloadRequest, strict=True)  # type: ignore[arg-type]
+        req = parse_request(await read_json(request, limit), ReloadRequest, strict=True)  # type: ignore[arg-type]
         return await served.reload(req.path)
 
     return app
 
 
-def _error_handlers(app: FastAPI) -> None:
+def error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HTTPError)
     async def _on_http_error(_: Request, exc: HTTPError) -> JSONResponse:
         return _error(exc)

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["GenerateRequest", "add_generate_route", "generate_body", "top_k_entry"]
+__all__ = ["GenerateRequest", "add_generate_route", "generate_body", "top_k_entry", "tokenized_completion_body"]
 
 Cut = Callable[[str, "int | None", Any], tuple[str, str]]
 Logprob = Callable[[int], float]
@@ -54,6 +54,51 @@ def top_k_entry(token_id: int, k: int, vocab_size: int, logprob: Logprob) -> dic
     return {str((token_id + j) % vocab_size): round(base - 0.5 * j, 4) for j in range(k)}
 
 
+def _sample(
+    server: Any, tokenizer: Any, prompt: str, max_tokens: int | None, stop: Any, cut: Cut
+) -> tuple[list[int], str]:
+    """One answer of the server's rule to `prompt`, in the tokenizer's ids: (ids, finish reason)."""
+    stop_ids = [s for s in stop if isinstance(s, int)] if isinstance(stop, list) else []
+    stop_text = [s for s in stop if isinstance(s, str)] if isinstance(stop, list) else stop
+    text, finish = cut(server.answer(prompt), None, stop_text)
+    ids = list(tokenizer.encode(text, add_special_tokens=False))
+    hit = next((i for i, t in enumerate(ids) if t in stop_ids), None)
+    if hit is not None:
+        ids, finish = ids[:hit], "stop"
+    if max_tokens is not None and len(ids) > max_tokens:
+        ids, finish = ids[:max_tokens], "length"
+    return ids, finish
+
+
+def tokenized_completion_body(server: Any, req: Any, cut: Cut, logprob: Logprob) -> dict[str, Any]:
+    """`/v1/completions` in the tokenizer's ids (`FakeInferenceServer(tokenizer=DIR, tokenizer_ids=True)`): a
+    token-id prompt is decoded, the answer encoded, and a natural stop ends with EOS in `token_ids` (vLLM's)."""
+    from atropos_cli.inference.openai_schema import prompt_list
+
+    tokenizer = _tokenizer(server.tokenizer)
+    choices, prompt_tokens = [], 0
+    for p, one in enumerate(prompt_list(req.prompt)):
+        ids_in = list(one) if isinstance(one, list) else list(tokenizer.encode(one, add_special_tokens=False))
+        prompt_tokens += len(ids_in)
+        prompt = tokenizer.decode(ids_in, skip_special_tokens=False)
+        for index in range(1 if server.ignore_n else max(1, req.n)):
+            ids, finish = _sample(server, tokenizer, prompt, req.max_tokens, req.stop, cut)
+            text = tokenizer.decode(ids)
+            if finish == "stop" and tokenizer.eos_token_id is not None:
+                ids = [*ids, tokenizer.eos_token_id]
+            choice: dict[str, Any] = {"index": p * req.n + index, "text": text, "finish_reason": finish}
+            choice["logprobs"] = None
+            if req.logprobs is not None:
+                choice["logprobs"] = {
+                    "tokens": [tokenizer.decode([t]) for t in ids],
+                    "token_logprobs": [logprob(t) for t in ids],
+                }
+            if req.return_token_ids:
+                choice.update(token_ids=ids, prompt_token_ids=ids_in)
+            choices.append(choice)
+    return server._envelope("text_completion", choices, prompt_tokens)
+
+
 def generate_body(server: Any, req: GenerateRequest, cut: Cut, logprob: Logprob) -> dict[str, Any]:
     """Answer one `/generate` request the way vLLM's example API server does."""
     tokenizer = _tokenizer(server.tokenizer)
@@ -65,15 +110,7 @@ def generate_body(server: Any, req: GenerateRequest, cut: Cut, logprob: Logprob)
     prompt = tokenizer.decode(ids_in, skip_special_tokens=False)
     texts, finishes, token_ids = [], [], []
     for _ in range(1 if server.ignore_n else max(1, req.n)):
-        stop_ids = [s for s in req.stop if isinstance(s, int)] if isinstance(req.stop, list) else []
-        stop_text = [s for s in req.stop if isinstance(s, str)] if isinstance(req.stop, list) else req.stop
-        text, finish = cut(server.answer(prompt), None, stop_text)
-        ids = list(tokenizer.encode(text, add_special_tokens=False))
-        hit = next((i for i, t in enumerate(ids) if t in stop_ids), None)
-        if hit is not None:
-            ids, finish = ids[:hit], "stop"
-        if req.max_tokens is not None and len(ids) > req.max_tokens:
-            ids, finish = ids[: req.max_tokens], "length"
+        ids, finish = _sample(server, tokenizer, prompt, req.max_tokens, req.stop, cut)
         texts.append(tokenizer.decode(ids))
         finishes.append(finish)
         token_ids.append(ids)

@@ -126,6 +126,7 @@ class FakeInferenceServer:
         api_key: str | None = None,
         max_body_mb: float = 64.0,
         tokenizer: str | None = None,
+        tokenizer_ids: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
         allowed_hosts: list[str] | None = None,
@@ -143,6 +144,8 @@ class FakeInferenceServer:
         self.api_key = api_key
         self.max_body_mb = max_body_mb
         self.tokenizer = tokenizer  # a tokenizer dir: adds vLLM's native POST /generate (fake_generate.py)
+        # with the tokenizer: /v1/completions reads token-id prompts and answers in its ids, as vLLM does
+        self.tokenizer_ids = tokenizer_ids and tokenizer is not None
         self.version = 0
         self.host = host
         self.port = port
@@ -298,6 +301,10 @@ class FakeInferenceServer:
         return body
 
     def completion_body(self, req: CompletionRequest) -> dict[str, Any]:
+        if self.tokenizer_ids:
+            from atropos_cli.testing.fake_generate import tokenized_completion_body
+
+            return tokenized_completion_body(self, req, _cut, token_logprob)
         want_ids = self.return_tokens and req.return_token_ids
         choices, prompt_tokens = [], 0
         for p, one in enumerate(prompt_list(req.prompt)):
