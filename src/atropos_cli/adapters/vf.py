@@ -59,9 +59,9 @@ class VerifiersConfig(EnvConfig):
     env_args: dict[str, Any] = Field(
         default_factory=dict,
         description="verifiers' env config fields as JSON (vf-eval's --env.*): the env id ('{\"id\": \"user-sim\"}'), "
-        "a seat's harness, runtime or max_turns ('{\"agent\": {\"max_turns\": 4}}').",
+        'a seat\'s harness, runtime or max_turns (\'{"agent": {"max_turns": 4}}\').',
     )
-    tool_parser: str = Field("hermes", description="How the model's reply text becomes tool calls (a tool-call parser).")
+    tool_parser: str = Field("hermes", description="How the model's reply text becomes tool calls (a tool parser).")
     local_runtime: bool = Field(
         True,
         description="Seats without a runtime in env_args run in verifiers' subprocess runtime, their harness "
@@ -338,7 +338,8 @@ class VerifiersEnv(SimpleEnv):
             async def play() -> Played:
                 return played_from_episode(await env.run_episode(item["task"], ctx))
 
-            played = await gather_rollouts(self.name, self.item_id(item), (play() for _ in range(self.config.group_size)))
+            plays = (play() for _ in range(self.config.group_size))
+            played = await gather_rollouts(self.name, self.item_id(item), plays)
         if not played:
             return None
         return self._group(item, played, time.perf_counter() - started)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import sys
-import tomllib
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,8 @@ _BLOCK_END = "# ///"
 
 def script_dependencies(script: str) -> list[str]:
     """The `dependencies` of a script's PEP 723 `script` block ([] when it has none)."""
+    import tomllib  # Python >= 3.11, as verifiers 0.4.0 requires
+
     lines = script.splitlines()
     try:
         start = lines.index(_BLOCK_START)
