@@ -105,9 +105,9 @@ def load_environment(
 
 
 def policy_seats(vf: Any, config: Any, data: dict[str, Any], local_runtime: bool) -> dict[str, Any]:
-    """The env config data with our policy's seating: one interception server (its model client is ours);
-    with `local_runtime`, each seat that `data` gives no runtime runs in the subprocess runtime, and a seat with
-    no harness (verifiers would give it `bash`, which runs the model's commands) plays with `null`."""
+    """The env config data with our policy's seating: one interception server (its model client is ours); a
+    seat with no harness plays with `null` (verifiers would give it `bash`, which runs the model's commands);
+    with `local_runtime`, each seat that `data` gives no runtime runs in the subprocess runtime."""
     from verifiers.v1.configs.agent import agent_config_fields
 
     seated = dict(data)
@@ -118,12 +118,11 @@ def policy_seats(vf: Any, config: Any, data: dict[str, Any], local_runtime: bool
             hint="leave env_args' interception out: the vf: adapter serves every model call from one server",
         )
     seated["interception"] = {**interception, "type": "server"}
-    if not local_runtime:
-        return seated
     default_is_bash = vf.default_harness_id(config.taskset.id) == "bash"
     for name, seat in agent_config_fields(config).items():
         given = dict(seated.get(name) or {})
-        given.setdefault("runtime", {"type": "subprocess"})
+        if local_runtime:
+            given.setdefault("runtime", {"type": "subprocess"})
         if seat.harness is None and default_is_bash:
             given.setdefault("harness", {"id": "null"})
         seated[name] = given
