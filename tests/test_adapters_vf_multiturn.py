@@ -12,6 +12,7 @@ Opt-in (`-m slow`): verifiers' own `vf-eval` pointed at `atropos inference`, off
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import re
@@ -70,18 +71,19 @@ def vf_eval_on_atropos_inference(case, tmp: Path) -> tuple[subprocess.CompletedP
 
     python, port = python_of(case), free_port()
     env = {**run_env(case), "PYTHONPATH": str(ROOT / "examples" / "verifiers"), "ATROPOS_TEST_KEY": "unused"}
-    server = subprocess.Popen(
-        [python, "-m", "atropos_cli", "inference", "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    log = tmp / "inference.log"
+    with log.open("w") as sink:
+        server = subprocess.Popen(
+            [python, "-m", "atropos_cli", "inference", "--port", str(port)], env=env, stdout=sink, stderr=sink
+        )
     try:
-        deadline = time.monotonic() + 300
-        while server.poll() is None and time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
+        deadline, healthy = time.monotonic() + 300, False
+        while not healthy and server.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(httpx.TransportError):
+                healthy = httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+            if not healthy:
                 time.sleep(0.5)  # polling a starting server (bounded by the deadline), not synchronisation
+        assert healthy, f"atropos inference did not come up: {log.read_text()[-2000:]}"
         workdir = tmp / "vf-eval"
         workdir.mkdir()
         command = [python, "-m", "atropos_cli.adapters.vf_eval", "vf_arithmetic", "-m", "atropos-tiny-arith",
