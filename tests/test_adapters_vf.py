@@ -24,7 +24,8 @@ def commands(tmp: Path) -> dict[str, list[str]]:
                      "--num-samples", "2", *SHORT],
         "train": ["train", "vf:vf_arithmetic", "--steps", "2", "--groups-per-step", "2", "--out", str(tmp / "train"),
                   "--env.group_size", "4", *SHORT],
-        "tools": ["process", "vf:vf_with_tools", "--out", str(tmp / "tools")],
+        "interception": ["process", "vf:vf_arithmetic", "--out", str(tmp / "interception"), "--env.env_args",
+                         '{"interception": {"type": "elastic"}}'],
         "missing": ["process", "vf:no_such_taskset", "--out", str(tmp / "missing")],
         "args": ["process", "vf:vf_arithmetic", "--out", str(tmp / "args"), "--env.taskset_args", '{"num_taskz": 3}'],
     }  # fmt: skip
@@ -67,7 +68,7 @@ def test_evaluate_and_train_run_on_a_verifiers_env(ran):
 @pytest.mark.parametrize(
     ("name", "message", "hint"),
     [
-        ("tools", "vf:vf_with_tools needs toolsets (MCP tools): not supported", "single-turn tasks"),
+        ("interception", "interception type 'elastic' is not supported", "leave env_args' interception out"),
         ("missing", "taskset 'no_such_taskset' not found", "install the taskset's package"),
         ("args", "taskset.num_taskz Extra inputs are not permitted", "--env.taskset_args"),
     ],

@@ -99,11 +99,22 @@ def test_openai_completions_with_text_and_token_prompts(client, served):
     assert resp.choices[0].finish_reason in ("stop", "length")
 
 
+def test_a_streamed_chat_answer_is_the_whole_answer_as_openai_chunks(client):
+    asked = {"model": DEFAULT_MODEL, "messages": QUESTIONS[0], "max_tokens": 6, "temperature": 0.0, "seed": 1}
+    whole = client.chat.completions.create(**asked)
+    chunks = list(client.chat.completions.create(**asked, stream=True, stream_options={"include_usage": True}))
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == whole.choices[0].message.content
+    assert with_choices[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
         ({"frobnicate": 1}, "frobnicate"),
-        ({"stream": True}, "stream"),
+        ({"stream": "maybe"}, "stream"),
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"n": 0}, "n"),
         ({"temperature": "hot"}, "temperature"),

@@ -33,7 +33,7 @@ from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
 from atropos_cli.types import Message, ScoredGroup
 
-__all__ = ["TokenTrace", "MultiTurnEnv", "gather_rollouts", "trace_fields"]
+__all__ = ["TokenTrace", "MultiTurnEnv", "bridge_ids", "gather_rollouts", "trace_fields"]
 
 T = TypeVar("T")
 
@@ -83,24 +83,15 @@ class TokenTrace:
         """Append the env's messages after a reply (masked); return the next prompt's ids (old ids + bridge)."""
         if not self.messages or self.messages[-1].get("role") != "assistant":
             raise ValueError("add_messages() follows add_reply(): the last message must be the model's")
-        bridge = self._bridge_text(new_messages)
-        eos_text = getattr(self.tokenizer, "eos_token", None)
-        if self._reply_had_eos and eos_text and bridge.startswith(eos_text):
-            bridge = bridge[len(eos_text) :]  # the model already emitted the end-of-turn token
-        self._append(list(self.tokenizer.encode(bridge, add_special_tokens=False)), trained=False)
+        ids = bridge_ids(
+            self.tokenizer, self.messages[:-1], new_messages, reply_had_eos=self._reply_had_eos, tools=self.tools
+        )
+        self._append(ids, trained=False)
         self.messages.extend(dict(m) for m in new_messages)
         return self.prompt_ids()
 
     def prompt_ids(self) -> list[int]:
         return list(self.tokens)
-
-    def _bridge_text(self, new_messages: list[Message]) -> str:
-        chat = [*self.messages[:-1], {"role": "assistant", "content": _SENTINEL}, *new_messages]
-        extra = {"tools": self.tools} if self.tools else {}
-        rendered = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **extra)
-        if rendered.count(_SENTINEL) != 1:
-            raise ValueError("the chat template drops or repeats the assistant's reply; cannot bridge turns")
-        return rendered.split(_SENTINEL, 1)[1]
 
     def _append(self, ids: list[int], *, trained: bool, logprobs: list[float] | None = None) -> None:
         self.tokens.extend(ids)
@@ -113,6 +104,30 @@ class TokenTrace:
             self.logprobs.extend(float(x) for x in logprobs)
         else:
             self.logprobs = None  # one reply without logprobs: the rollout has none (never half-filled)
+
+
+def bridge_ids(
+    tokenizer: Any,
+    before_reply: list[Message],
+    new_messages: list[Message],
+    *,
+    reply_had_eos: bool,
+    tools: list[dict[str, Any]] | None = None,
+) -> list[int]:
+    """The masked ids between a sampled reply and the next generation: the template text after the reply's
+    content (end-of-turn marker, `new_messages`, the generation prompt), found by rendering the chat with a
+    sentinel in place of the reply and cut at the sentinel. `before_reply` is the chat the reply answered;
+    when the reply's own tokens ended with EOS, the template's copy of that marker is left out."""
+    chat = [*before_reply, {"role": "assistant", "content": _SENTINEL}, *new_messages]
+    extra = {"tools": tools} if tools else {}
+    rendered = tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **extra)
+    if rendered.count(_SENTINEL) != 1:
+        raise ValueError("the chat template drops or repeats the assistant's reply; cannot bridge turns")
+    bridge = rendered.split(_SENTINEL, 1)[1]
+    eos_text = getattr(tokenizer, "eos_token", None)
+    if reply_had_eos and eos_text and bridge.startswith(eos_text):
+        bridge = bridge[len(eos_text) :]  # the model already emitted the end-of-turn token
+    return list(tokenizer.encode(bridge, add_special_tokens=False))
 
 
 async def gather_rollouts(env_name: str, item_id: str | None, plays: Iterable[Awaitable[T]]) -> list[T]:

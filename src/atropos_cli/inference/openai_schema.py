@@ -21,7 +21,6 @@ __all__ = [
 
 # OpenAI / vLLM parameters accepted only at their no-op value; anything else is a 400 naming the parameter.
 NOOP_VALUES: dict[str, tuple[Any, ...]] = {
-    "stream": (None, False),
     "presence_penalty": (None, 0),
     "frequency_penalty": (None, 0),
     "repetition_penalty": (None, 1),
@@ -30,7 +29,6 @@ NOOP_VALUES: dict[str, tuple[Any, ...]] = {
     "tool_choice": (None, "none", "auto"),
     "parallel_tool_calls": (None, True, False),
     "response_format": (None, {"type": "text"}),
-    "stream_options": (None,),
     "top_k": (None, -1, 0),
     "min_tokens": (None, 0),
     "skip_special_tokens": (None, True),
@@ -117,11 +115,20 @@ class _Common(BaseModel):
         )  # fmt: skip
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_usage: bool = False
+
+
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    stream: bool = False
+    """Answer as server-sent events (the whole answer, framed as OpenAI's chunks: inference/sse.py)."""
+    stream_options: StreamOptions | None = None
 
     @property
     def budget(self) -> int | None:

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from atropos_cli.errors import AtroposError, ModelLoadError
@@ -31,6 +31,7 @@ from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 from atropos_cli.inference.local import BadRequestError, LocalBackend
 from atropos_cli.inference.openai_schema import ChatRequest, CompletionRequest, HTTPError, parse_request, prompt_list
 from atropos_cli.inference.served import LocalServed, Served
+from atropos_cli.inference.sse import chat_events
 
 __all__ = [
     "create_app", "ServerSettings", "ChatRequest", "CompletionRequest", "read_json", "error_handlers", "render_error",
@@ -134,6 +135,19 @@ def _check_prompt_size(served: Served, req: ChatRequest | CompletionRequest) -> 
         )  # fmt: skip
 
 
+def streamed(run: Callable[[ChatRequest], Awaitable[Any]]) -> Callable[[ChatRequest], Awaitable[Any]]:
+    """`run`, answering a `stream: true` request with its whole answer as server-sent events."""
+
+    async def answer(req: ChatRequest) -> Any:
+        body = await run(req)
+        if not req.stream or isinstance(body, Response):
+            return body
+        include_usage = req.stream_options is not None and req.stream_options.include_usage
+        return StreamingResponse(chat_events(body, include_usage), media_type="text/event-stream")
+
+    return answer
+
+
 def create_app(backend: Served | LocalBackend, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app serving `backend`. Closing the app (lifespan end) closes the backend."""
     served: Served = LocalServed(backend) if isinstance(backend, LocalBackend) else backend
@@ -166,7 +180,7 @@ def create_app(backend: Served | LocalBackend, settings: ServerSettings | None =
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
-        return await generate(request, ChatRequest, served.chat)
+        return await generate(request, ChatRequest, streamed(served.chat))
 
     @app.post("/v1/completions")
     async def complete(request: Request) -> Response:
