@@ -20,6 +20,7 @@ from atropos_cli.env.registry import resolve_env
 from atropos_cli.env.sandbox import SandboxLimits, isolation, landlock_available, run_python, run_python_async
 from atropos_cli.envs._shared.data import BUNDLED_DATA
 from atropos_cli.errors import ConfigError
+from test_sandbox_attacks import _survivors  # processes of a name in /proc
 
 DATA = Path(__file__).parent / "data"
 ANY_MODE = SandboxLimits(allow_unisolated=True)  # tests of limits and judging, not of isolation
@@ -326,25 +327,13 @@ def host_paths(tmp_path):
     shutil.rmtree(sock_dir, ignore_errors=True)
 
 
-def _named(token: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "comm").read_text().strip() == token:
-                    pids.append(int(entry.name))
-            except OSError:
-                pass
-    return pids
-
-
 def _surviving_orphans(token: str) -> list[int]:
     """Processes named `token` still there once the sandbox is gone: polled until none is left (the sandbox's
     own process may take a moment to be reaped), with a deadline; survivors are killed and returned."""
     deadline = time.monotonic() + 10
-    while _named(token) and time.monotonic() < deadline:
+    while _survivors(token) and time.monotonic() < deadline:
         time.sleep(0.05)
-    left = _named(token)
+    left = _survivors(token)
     for pid in left:  # processes this test started: do not leave them on the machine
         os.kill(pid, signal.SIGKILL)
     return left
