@@ -25,10 +25,9 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
@@ -39,6 +38,7 @@ from atropos_cli.errors import BadRequestError, BadResponseError, InferenceError
 from atropos_cli.httpguard import BearerAuth, BrowserGuard, HostPolicy
 from atropos_cli.inference.openai_schema import ChatRequest, HTTPError, parse_request
 from atropos_cli.inference.server import error_handlers, read_json, render_error
+from atropos_cli.inference.sse import chat_events
 from atropos_cli.types import Message
 
 __all__ = ["Proxy", "create_proxy_app", "serve_in_loop"]
@@ -144,21 +144,6 @@ def _completion_body(model: str, reply: Message, finish: str | None, usage: dict
     }  # fmt: skip
 
 
-async def _events(model: str, reply: Message, finish: str | None) -> AsyncIterator[bytes]:
-    """The reply as OpenAI's chat.completion.chunk events: the whole message in one delta, then the finish."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time())}
-    head["model"] = model
-    delta: dict[str, Any] = {"role": "assistant", "content": reply.get("content")}
-    if reply.get("tool_calls"):
-        delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(reply["tool_calls"])]
-    for choice in (
-        {"index": 0, "delta": delta, "finish_reason": None},
-        {"index": 0, "delta": {}, "finish_reason": finish},
-    ):
-        yield b"data: " + orjson.dumps({**head, "choices": [choice]}) + b"\n\n"
-    yield b"data: [DONE]\n\n"
-
-
 def create_proxy_app(proxy: Proxy, api_key: str | None = None, hosts: HostPolicy | None = None) -> FastAPI:
     """The proxy's FastAPI app over `proxy`'s sessions."""
     app = FastAPI(title="atropos recording proxy")
@@ -198,9 +183,11 @@ def create_proxy_app(proxy: Proxy, api_key: str | None = None, hosts: HostPolicy
         proxy.get(session_id)  # an unknown session is a 404 before the body is read
         req = parse_request(await read_json(request, limit), ChatRequest, strict=False)
         reply, finish, usage = await proxy.chat(session_id, req)
-        if (req.model_extra or {}).get("stream"):
-            return StreamingResponse(_events(model, reply, finish), media_type="text/event-stream")
-        return JSONResponse(_completion_body(model, reply, finish, usage))
+        body = _completion_body(model, reply, finish, usage)
+        if req.stream:  # the same answer as server-sent events (inference/sse.py)
+            usage_too = req.stream_options is not None and req.stream_options.include_usage
+            return StreamingResponse(chat_events(body, usage_too), media_type="text/event-stream")
+        return JSONResponse(body)
 
     return app
 
