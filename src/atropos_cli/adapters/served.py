@@ -11,7 +11,7 @@
   hand out seeds in that order);
 - requests go as token ids when a `TokenTrace` gives them, else as the chat; replies and the env's new messages
   are added to the trace and the chat together (`add_reply`, `add_messages`);
-- `chat_added(before, after)`: the messages a server's whole chat adds after ours.
+- `chat_added(before, after)` (env/multiturn): the messages a server's whole chat adds after ours.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from atropos_cli.adapters.episodes import EpisodeEnv, Played
-from atropos_cli.env.multiturn import gather_rollouts
+from atropos_cli.env.multiturn import chat_added, gather_rollouts
 from atropos_cli.inference.base import Choice, seeded_requests
 from atropos_cli.types import Message, ScoredGroup
 
@@ -46,15 +46,6 @@ def turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
     """The sampling seed of one rollout's turn (a stable hash, not Python's salted one)."""
     digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
     return int.from_bytes(digest, "big") & 0x7FFFFFFF
-
-
-def chat_added(before: list[Message], after: list[Message]) -> list[Message]:
-    """What a server's whole chat `after` adds to ours (`before`): its tail past ours when it extends it, else
-    what follows its last assistant message."""
-    if after[: len(before)] == before:
-        return after[len(before) :]
-    last = max((i for i, m in enumerate(after) if m["role"] == "assistant"), default=-1)
-    return after[last + 1 :]
 
 
 class ServedEpisodeEnv(EpisodeEnv):
