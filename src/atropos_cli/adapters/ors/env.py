@@ -208,7 +208,7 @@ class OrsEnv(ServedEpisodeEnv):
             return ""
         from atropos_cli.compat.tool_parsers.base import tool_call
 
-        listed = "\n".join(json.dumps(spec, ensure_ascii=False, sort_keys=True) for spec in tools.specs)
+        listed = "\n".join(json.dumps(_untitled(spec), ensure_ascii=False, sort_keys=True) for spec in tools.specs)
         example = self.parser.render(None, [tool_call(0, tools.specs[0]["name"], {"ARGUMENT": "VALUE"})])
         return f"You can call these tools:\n{listed}\nTo call a tool, write:\n{example}"
 
@@ -224,6 +224,13 @@ class OrsEnv(ServedEpisodeEnv):
                 parts[f"reward:{name}"] = parts.get(f"reward:{name}", 0.0) + reward
             rollout.reward_parts = parts
         return group
+
+
+def _untitled(value: Any) -> Any:
+    """A JSON schema without its `title`s (pydantic's class names: tokens the model need not read)."""
+    if isinstance(value, dict):
+        return {k: _untitled(v) for k, v in value.items() if k != "title" or not isinstance(v, str)}
+    return [_untitled(v) for v in value] if isinstance(value, list) else value
 
 
 def load_ors_env(target: str) -> type[BaseEnv]:
