@@ -26,6 +26,7 @@ from atropos_cli.cli.app import app
 from served_envs import assert_faithful, process
 
 ENVS = Path(__file__).parent / "ors_envs"
+ATROPOS_FILE = str(Path(__file__).parent / "data" / "atropos_envs" / "math_n_choices.py")
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +40,7 @@ def ors_venv(monkeypatch) -> str:
 
 def test_a_module_of_ors_envs_plays_multi_turn_through_the_terminal_tool(tmp_path):
     groups = process(
-        ["ors:guess_ors", "--num-groups", "3", "--group-size", "3", "--env.max_token_length", "8"], tmp_path / "run"
+        ["ors:guess_ors", "--num-groups", "2", "--group-size", "3", "--env.max_token_length", "8"], tmp_path / "run"
     )
     turns = []
     for group in groups:
@@ -80,17 +81,6 @@ def test_the_models_tool_calls_go_through_the_session_and_their_rewards_are_part
     assert first["scores"] == [pytest.approx(1.1)] * 2 and first["messages"][0][3]["content"] == "[tool hint] odd"
     for rollout in second["meta"]["rollouts"]:
         assert rollout["step_rewards"] == [0.1, 0.0, 1.0] and rollout["reward_parts"]["turns"] == 3
-
-
-def test_an_env_that_raises_is_a_failure_record_not_a_crash(tmp_path):
-    out = tmp_path / "run"
-    result = CliRunner().invoke(
-        app, ["process", "ors:guess_ors:BrokenEnv", "--num-groups", "2", "--group-size", "2", "--out", str(out)]
-    )
-    assert "Traceback" not in result.output
-    failures = [json.loads(line) for line in (out / "failures.jsonl").read_text().splitlines()]
-    rollouts = [f for f in failures if f["kind"] == "rollout"]
-    assert len(rollouts) == 4 and all("failed on purpose" in f["error"] for f in rollouts)
 
 
 def test_bad_targets_are_one_line_errors(tmp_path):
@@ -135,10 +125,11 @@ def exported(request) -> Iterator[Exported]:
 
 
 SDK_CLIENT = """
-import asyncio, json, sys
+import asyncio, json, os, sys
 from openreward import AsyncOpenReward
 
-async def main(url, name, replies):
+async def play(url, name, key, replies):
+    os.environ["OPENREWARD_API_KEY"] = key
     client = AsyncOpenReward()
     env = client.environments.get(name, base_url=url)
     out = {"splits": await env.list_splits(), "num": await env.num_tasks("train")}
@@ -159,39 +150,62 @@ async def main(url, name, replies):
         except Exception as exc:
             out["after"] = f"{type(exc).__name__}: {exc}"
     await client.environments.aclose()
-    print(json.dumps(out))
+    return out
 
-asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3:]))
+async def main(jobs):
+    print(json.dumps([await play(**job) for job in jobs]))
+
+asyncio.run(main(json.loads(sys.argv[1])))
 """
 
 
-def sdk_client(python: str, url: str, name: str, *replies: str, key: str = "") -> Any:
-    env = {**os.environ, "OPENREWARD_API_KEY": key}
-    done = subprocess.run([python, "-c", SDK_CLIENT, url, name, *replies], capture_output=True, text=True, env=env)
+def sdk_client(python: str, *jobs: dict[str, Any]) -> list[Any]:
+    """The SDK's client playing task 2 of each job's server ({url, name, key, replies}), in one process."""
+    done = subprocess.run([python, "-c", SDK_CLIENT, json.dumps(jobs)], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@pytest.mark.parametrize("exported", [("arithmetic", "--env.max_token_length", "16")], indirect=True)
-def test_the_sdks_client_drives_an_exported_env(exported, ors_venv):
-    out = sdk_client(ors_venv, exported.url, "arithmetic", "The answer is 5")
-    assert out["splits"] == ["train", "eval"] and out["num"] == 1000
-    assert out["task"] == {"split": "train", "index": 2, "item_id": "train-2"}
-    assert out["prompt"][0].startswith("What is") and out["messages"] == [["user", out["prompt"]]]
-    assert out["tools"] == [] and out["terminal"] == "reply"  # the plain message is the answer
-    [(blocks, reward, finished, metadata)] = out["results"]
+def job(url: str, name: str, *replies: str, key: str = "") -> dict[str, Any]:
+    return {"url": url, "name": name, "key": key, "replies": list(replies)}
+
+
+@pytest.mark.parametrize("exported", [("arithmetic", "--api-key", "--env.max_token_length", "16")], indirect=True)
+def test_the_sdks_client_drives_exported_envs(exported, ors_venv):
+    """A task of a single-turn env (behind an API key: the SDK sends OPENREWARD_API_KEY), of a multi-turn env and
+    of an Atropos env file, each played to its end by the SDK's own client."""
+    from atropos_cli.runs.openenv_export import build_exported_env
+    from atropos_cli.runs.ors_app import create_ors_app
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    blackjack = create_ors_app(build_exported_env("blackjack", ["--env.max_turns", "3"], None))
+    tokenizer = ["--env.tokenizer_name", "atropos-tiny-arith"]
+    atropos_file = create_ors_app(build_exported_env(ATROPOS_FILE, tokenizer, None))
+    with (
+        ThreadedServer(blackjack, lifespan="on").start() as other,
+        ThreadedServer(atropos_file, lifespan="on").start() as third,
+    ):
+        name = httpx.get(third.url + "/list_environments").json()[0]
+        single, multi, ported = sdk_client(
+            ors_venv,
+            job(exported.url, "arithmetic", "The answer is 5", key="s3cret"),
+            job(other.url, "blackjack", "hit", "hit", "stand", "stand"),
+            job(third.url, name, "4"),
+        )
+    assert single["splits"] == ["train", "eval"] and single["num"] == 1000
+    assert single["task"] == {"split": "train", "index": 2, "item_id": "train-2"}
+    assert single["prompt"][0].startswith("What is") and single["messages"] == [["user", single["prompt"]]]
+    assert single["tools"] == [] and single["terminal"] == "reply"  # the plain message is the answer
+    [(blocks, reward, finished, metadata)] = single["results"]
     assert finished and reward in (0.0, 1.0) and blocks == []
     assert metadata["item_id"] == "train-2" and metadata["reward_parts"]["correct"] == reward
-    assert out["after"].startswith("ToolCallError: episode_finished")
-
-
-@pytest.mark.parametrize("exported", [("blackjack", "--env.max_turns", "3")], indirect=True)
-def test_the_sdks_client_plays_a_multi_turn_export_to_its_end(exported, ors_venv):
-    out = sdk_client(ors_venv, exported.url, "blackjack", "hit", "hit", "stand", "stand")
-    *middle, (_, reward, finished, metadata) = out["results"]
+    assert single["after"].startswith("ToolCallError: episode_finished")
+    *middle, (_, reward, finished, metadata) = multi["results"]
     assert finished and reward in (-1.0, 0.0, 1.0) and "reward_parts" in metadata
     assert all(not f and r == 0.0 and text for text, r, f, _ in middle)  # the env's next request, as text
-    assert "blackjack" in out["messages"][0][1][0].lower()
+    assert "blackjack" in multi["messages"][0][1][0].lower()
+    assert ported["messages"][0][1][0].startswith("You are a calculator")  # an Atropos env file, its own rule:
+    assert ported["results"][0][2] and ported["results"][0][1] in (-1.0, 1.0)
 
 
 ROUND_TRIP = ("arithmetic", "--env.max_token_length", "16", "--env.seed", "7")
@@ -216,7 +230,7 @@ def test_round_trip_gives_the_groups_of_a_direct_run(exported, sessions, tmp_pat
 
 
 @pytest.mark.parametrize("exported", [("arithmetic", "--api-key", "--env.max_token_length", "16")], indirect=True)
-def test_export_is_guarded_like_our_other_servers(exported, ors_venv, tmp_path, monkeypatch):
+def test_export_is_guarded_like_our_other_servers(exported, tmp_path, monkeypatch):
     assert httpx.get(exported.url + "/list_environments").status_code == 401
     keyed = {"X-API-Key": "s3cret"}
     assert httpx.get(exported.url + "/list_environments", headers=keyed).json() == ["arithmetic"]
@@ -224,32 +238,24 @@ def test_export_is_guarded_like_our_other_servers(exported, ors_venv, tmp_path, 
     assert httpx.post(exported.url + "/create_session", headers=cross).status_code == 403
     call = httpx.post(exported.url + "/call", headers={**keyed, "X-Session-ID": "nope"}, json={"name": "reply"})
     assert call.status_code == 404  # no such session
-    assert sdk_client(ors_venv, exported.url, "arithmetic", "7", key="s3cret")["terminal"] == "reply"
     monkeypatch.setenv("OPENREWARD_API_KEY", "s3cret")  # what our adapter sends
     assert len(process([f"ors:{exported.url}", "--num-groups", "1", "--group-size", "2"], tmp_path / "b")) == 1
 
 
-def test_export_ors_command_serves_an_atropos_file_until_interrupted(ors_venv):
+def test_export_ors_command_serves_until_interrupted():
     import signal
 
     from atropos_cli.testing import free_port
     from served_envs import wait_for_export
 
     port = free_port()
-    env_file = str(Path(__file__).parent / "data" / "atropos_envs" / "math_n_choices.py")
-    cmd = [sys.executable, "-m", "atropos_cli", "export", "ors", env_file, "--port", str(port)]
-    server = subprocess.Popen(
-        [*cmd, "--env.tokenizer_name", "atropos-tiny-arith"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        env=run_env(ORS_CASE),
-    )  # fmt: skip
+    cmd = [sys.executable, "-m", "atropos_cli", "export", "ors", "arithmetic", "--port", str(port)]
+    server = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=run_env(ORS_CASE))
     try:
         wait_for_export(server, port)
-        name = httpx.get(f"http://127.0.0.1:{port}/list_environments").json()[0]
-        out = sdk_client(ors_venv, f"http://127.0.0.1:{port}", name, "4")
-        assert out["messages"][0][1][0].startswith("You are a calculator")
-        assert out["results"][0][2] and out["results"][0][1] in (-1.0, 1.0)  # the file's own scoring rule
+        assert httpx.get(f"http://127.0.0.1:{port}/list_environments").json() == ["arithmetic"]
     finally:
         server.send_signal(signal.SIGINT)
         stdout, err = server.communicate(timeout=60)
     assert server.returncode == 130, err.decode()[-2000:]
-    assert b"as an ORS env on" in stdout and b"Traceback" not in err
+    assert b"serving arithmetic as an ORS env on" in stdout and b"Traceback" not in err
