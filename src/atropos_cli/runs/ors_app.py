@@ -228,9 +228,13 @@ def create_ors_app(
 
     @app.get("/version")
     async def version() -> dict[str, Any]:
-        from atropos_cli import __version__
+        from importlib.metadata import PackageNotFoundError, version
 
-        return {"version": __version__, "build_sha": None}
+        try:
+            ours = version("atropos")
+        except PackageNotFoundError:  # a checkout run without installing it
+            ours = None
+        return {"version": ours, "build_sha": None}
 
     @app.get("/list_environments")
     async def list_environments() -> list[str]:
