@@ -259,3 +259,61 @@ def test_export_ors_command_serves_until_interrupted():
         stdout, err = server.communicate(timeout=60)
     assert server.returncode == 130, err.decode()[-2000:]
     assert b"serving arithmetic as an ORS env on" in stdout and b"Traceback" not in err
+
+
+OTHER_FRAMEWORK_PLAY = """
+import asyncio, json, sys, urllib.request
+from openreward import AsyncOpenReward
+
+async def main(url, game):
+    name = json.load(urllib.request.urlopen(url + "/list_environments"))[0]
+    client = AsyncOpenReward(api_key="")
+    async with client.environments.get(name, base_url=url).session(split="train", index=0) as session:
+        prompt = " ".join(block.text for block in await session.get_prompt())
+        print(prompt.replace("\\n", " "))
+        if game == "gym":  # bisect: the game says lower/higher until the guess is right
+            low, high = 1, 16
+            for _ in range(8):
+                guess = (low + high) // 2
+                result = await session.call_terminal_tool(str(guess))
+                if result.finished:
+                    break
+                said = " ".join(block.text for block in result.blocks)
+                low, high = (low, guess - 1) if "lower" in said else (guess + 1, high)
+        else:
+            result = await session.call_terminal_tool(prompt.rsplit(" ", 1)[-1][::-1])
+        print(result.reward, result.finished)
+    await client.environments.aclose()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+OTHER_FRAMEWORKS = {  # case id: (its first prompt, the reward of a right answer)
+    "gym": ("I picked a number from 1 to 16", 1.0),
+    "vf": ("Reverse the word:", 1.5),  # vf_reverse_text: exact 1.0 + overlap 0.5 (its reward weights)
+}
+
+
+@pytest.mark.parametrize("case_id", list(OTHER_FRAMEWORKS))
+def test_an_env_of_another_framework_exported_plays_through_the_sdks_client(case_id, ors_venv):
+    """`atropos export ors gym:...|vf:...` (the adapter's env, in its framework's venv): the SDK's client plays a
+    task to the end and gets the framework's reward."""
+    from adapter_cases import CASES, atropos_python
+    from atropos_cli.testing import free_port
+    from served_envs import wait_for_export
+
+    case = next(c for c in CASES if c.id == case_id)
+    first, reward = OTHER_FRAMEWORKS[case_id]
+    port = free_port()
+    cmd = [atropos_python(case), "-m", "atropos_cli", "export", "ors", case.spec, "--port", str(port)]
+    server = subprocess.Popen(cmd, env=run_env(case), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        wait_for_export(server, port)
+        url = f"http://127.0.0.1:{port}"
+        done = subprocess.run([ors_venv, "-c", OTHER_FRAMEWORK_PLAY, url, case_id], capture_output=True, text=True)
+    finally:
+        server.terminate()
+        server.communicate(timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    prompt, result = done.stdout.strip().splitlines()
+    assert first in prompt and result == f"{reward} True"

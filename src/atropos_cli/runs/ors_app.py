@@ -72,6 +72,12 @@ class Session:
     chat: list[Message]
     finished: bool = False
     used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)  # calls of one session run one at a time (as ORS')
+
+
+def _chat(observation: Observation) -> list[Message]:
+    """The env's request as a chat (a completion-style request: its prompt as one user message)."""
+    return list(observation.messages) or [{"role": "user", "content": observation.prompt}]
 
 
 def _blocks(text: str) -> list[dict[str, Any]]:
@@ -274,7 +280,7 @@ def create_ors_app(
         await task(split, where["index"])
         episode = await exported.episode(where["index"], split)
         first = await episode.start()
-        sessions.add(sid, Session(episode, list(first.messages), first.done))
+        sessions.add(sid, Session(episode, _chat(first), first.done))
         return {"sid": sid}
 
     @app.post("/delete")
@@ -370,6 +376,11 @@ def create_ors_app(
 
 async def _call(session: Session, asked: CallBody) -> str:
     """One tool call: the reply steps the episode; the answer is ORS' RunToolOutput as JSON."""
+    async with session.lock:
+        return await _step(session, asked)
+
+
+async def _step(session: Session, asked: CallBody) -> str:
     if asked.name != REPLY_TOOL:
         return _refused("not_found", f"{asked.name!r} is not a valid tool")
     message = asked.input.get("message")
@@ -384,8 +395,9 @@ async def _call(session: Session, asked: CallBody) -> str:
         raise
     before = [*session.chat, {"role": "assistant", "content": message}]
     metadata = dict(observation.metadata)
-    session.chat = list(observation.messages) or before
     if observation.done:
+        session.chat = list(observation.messages) or before
         session.finished = True
         return _run_tool_output(float(observation.reward or 0.0), True, "", metadata)
+    session.chat = _chat(observation)
     return _run_tool_output(0.0, False, _text(chat_added(before, session.chat)), metadata)

@@ -127,8 +127,8 @@ class OrsEnv(ServedEpisodeEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         """Train: task 0, 1, ... of the train split, round and round; eval: the eval split's tasks once."""
-        if split != "train" and split not in self.splits:
-            return
+        if split not in self.splits:
+            raise EnvLoadError("the ORS env has no split of type test or validation", hint="name one: --env.eval_split")
         name = self.splits[split]
         count = self.counts[name]
         limit = None if split == "train" else min(count, self.config.eval_episodes)  # type: ignore[attr-defined]
