@@ -14,6 +14,7 @@ from atropos_cli.cli.options import ModelOptions, with_options
 from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import HostPolicy, is_loopback_name
 from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits, SessionLimits, WsLimits
+from atropos_cli.runs.ors_tasks import OrsTasks
 
 EXPORT_HELP = (
     "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server), "
@@ -108,6 +109,7 @@ def openenv_command(
 @with_options(
     ModelOptions(HttpLimits, flags=LIMIT_FLAGS, panel="Connection limits"),
     ModelOptions(SessionLimits, flags=LIMIT_FLAGS, panel="Session limits"),
+    ModelOptions(OrsTasks),
 )
 def ors_command(
     ctx: typer.Context,
@@ -122,7 +124,6 @@ def ors_command(
             help="Require 'X-API-Key: KEY' (what ORS clients send: OPENREWARD_API_KEY) on every request.",
         ),
     ] = None,
-    train_tasks: Annotated[int, typer.Option(min=1, help="Tasks of the train split: the env's first N items.")] = 1000,
     **limits: Any,
 ) -> None:
     """Serve ENV as an Open Reward Standard (ORS) env server: tasks, a session per rollout, rewards on tool calls.
@@ -141,7 +142,7 @@ def ors_command(
     with cli_errors():
         _serve(
             env, list(ctx.args), config, host, port, api_key, "an ORS env",
-            partial(create_ors_app, train_tasks=train_tasks), _limits(SessionLimits, limits),
+            partial(create_ors_app, tasks=_limits(OrsTasks, limits)), _limits(SessionLimits, limits),
             _limits(HttpLimits, limits),
         )  # fmt: skip
 

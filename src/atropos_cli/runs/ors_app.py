@@ -42,13 +42,13 @@ from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import BearerAuth, BodyLimit, BrowserGuard, HostPolicy
 from atropos_cli.httpserve import SessionLimits
 from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
+from atropos_cli.runs.ors_tasks import OrsTasks
 from atropos_cli.types import Message
 
-__all__ = ["create_ors_app", "MAX_BODY_BYTES", "REPLY_TOOL", "TRAIN_TASKS"]
+__all__ = ["create_ors_app", "MAX_BODY_BYTES", "REPLY_TOOL"]
 
 MAX_BODY_BYTES = 1_048_576
 REPLY_TOOL = "reply"
-TRAIN_TASKS = 1000  # tasks of the train split by default: the env's train stream's first N items
 PING_S = 10.0  # an SSE comment this often while a call runs (ORS clients drop a stream silent for 30 s)
 
 
@@ -150,14 +150,15 @@ def create_ors_app(
     on_error: Callable[[AtroposError], None] | None = None,
     hosts: HostPolicy | None = None,
     limits: SessionLimits | None = None,
-    train_tasks: int = TRAIN_TASKS,
+    tasks: OrsTasks | None = None,
 ) -> Any:
-    """The FastAPI app serving `exported` over ORS (`train_tasks`: the train split's size). The env's `setup()`
+    """The FastAPI app serving `exported` over ORS (`tasks`: the train split's size). The env's `setup()`
     runs at startup; when it fails, `on_error` gets the error (the caller stops the server and reports it;
     without one it raises)."""
     from atropos_cli.runs.envcall import call_env
 
     sessions = Sessions(limits or SessionLimits())
+    train_tasks = (tasks or OrsTasks()).train_tasks
     env_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in exported.env.name).lower() or "env"
 
     @asynccontextmanager
