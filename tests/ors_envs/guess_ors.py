@@ -8,9 +8,8 @@ the adapters' conformance battery: served by openreward's `Server` in its own ve
 - `BrokenEnv`: its terminal tool raises (an env failing mid-episode).
 """
 
-from pydantic import BaseModel
-
 from openreward.environments import Environment, JSONObject, Server, Split, TextBlock, ToolOutput, terminal, tool
+from pydantic import BaseModel
 
 TASKS = {
     "train": [{"id": f"guess-{k}", "secret": (k * 4) % 9 + 1} for k in range(6)],
@@ -27,7 +26,7 @@ class Empty(BaseModel):
 
 
 class GuessEnv(Environment):
-    def __init__(self, task_spec: JSONObject = {}, secrets: dict[str, str] = {}) -> None:
+    def __init__(self, task_spec: JSONObject, secrets: dict[str, str] | None = None) -> None:
         super().__init__(task_spec)
         self.secret = int(task_spec["secret"])
         self.tries = 0
