@@ -317,3 +317,14 @@ def test_an_env_of_another_framework_exported_plays_through_the_sdks_client(case
     assert done.returncode == 0, done.stderr[-2000:]
     prompt, result = done.stdout.strip().splitlines()
     assert first in prompt and result == f"{reward} True"
+
+
+def test_a_session_still_starting_is_asked_again_after_its_retry_after():
+    """ORS servers answer 503 + `X-Backend-State: starting` while a session's setup() runs (a sandbox starting):
+    our client waits the server's Retry-After and asks again; any other 503 is an answer."""
+    from atropos_cli.adapters.ors.wire import _starting_wait
+
+    starting = httpx.Response(503, headers={"X-Backend-State": "starting", "Retry-After": "2"})
+    assert 2.0 <= (_starting_wait(starting, 0) or 0) <= 2.2
+    assert _starting_wait(httpx.Response(503, headers={"Retry-After": "2"}), 0) is None
+    assert _starting_wait(httpx.Response(200), 0) is None

@@ -13,16 +13,21 @@ ORS (the `openreward` SDK's `Server`, and the hosted envs) is plain HTTP plus se
   "reason"}`; an `error` event when the tool raised); `POST /delete` and `POST /delete_session` end it.
 
 This module speaks it with httpx (no openreward import), each call held to a total deadline and a size cap
-(`httpclient.bounded_send`), no redirect followed. A server that answers wrongly is one `OrsError` (the
-rollout's failure record). `OPENREWARD_API_KEY`, when set, is sent as `X-API-Key` (what the hosted envs and
-`atropos export ors --api-key` ask for); `--env.deployment` as `X-Deployment`.
+(`httpclient.bounded_send`), no redirect followed; a session whose env is still setting up (503 with
+`X-Backend-State: starting`) is asked again after its `Retry-After`, within the same deadline. A server that
+answers wrongly is one `OrsError` (the rollout's failure record). `OPENREWARD_API_KEY`, when set, is sent as
+`X-API-Key` (what the hosted envs and `atropos export ors --api-key` ask for); `--env.deployment` as
+`X-Deployment`.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import itertools
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,16 +133,23 @@ class OrsClient:
         if sse:
             headers["Accept"] = "text/event-stream"
         url = self.base_url + path
-        try:
-            response = await bounded_send(
-                self._http, method, url, self.timeout_s, MAX_REPLY_BYTES, headers=headers, json=body
-            )
-        except httpx.ReadTimeout:
-            raise OrsError(
-                f"{method} {path}: no whole answer within {self.timeout_s:g}s", hint="raise --env.timeout_s"
-            ) from None
-        except (httpx.HTTPError, ReplyTooLarge) as exc:
-            raise OrsError(f"{method} {url}: {type(exc).__name__}: {exc}", hint="is the ORS server running?") from None
+        deadline = time.monotonic() + self.timeout_s
+        for attempt in itertools.count():
+            try:
+                response = await bounded_send(
+                    self._http, method, url, self.timeout_s, MAX_REPLY_BYTES, headers=headers, json=body
+                )
+            except httpx.ReadTimeout:
+                raise OrsError(
+                    f"{method} {path}: no whole answer within {self.timeout_s:g}s", hint="raise --env.timeout_s"
+                ) from None
+            except (httpx.HTTPError, ReplyTooLarge) as exc:
+                hint = "is the ORS server running?"
+                raise OrsError(f"{method} {url}: {type(exc).__name__}: {exc}", hint=hint) from None
+            wait = _starting_wait(response, attempt)
+            if wait is None or time.monotonic() + wait > deadline:
+                break
+            await asyncio.sleep(wait)  # the session's env is still setting up (a sandbox starting): ask again
         if response.status_code >= 300:
             raise OrsError(
                 f"{method} {path} answered {response.status_code}: {_detail(response.text)}",
@@ -180,7 +192,11 @@ class OrsSession:
             raise OrsError("POST /create_session sent no session id", hint="is this an ORS server?")
         self.sid = ids[0]
         body = {"env_name": self.client.env_name, "split": self.split, "index": self.index}
-        await self.client.call("POST", "/create", body, sid=self.sid)
+        try:
+            await self.client.call("POST", "/create", body, sid=self.sid)
+        except BaseException:
+            await self.__aexit__()  # the id the server handed out is given back
+            raise
         return self
 
     async def __aexit__(self, *exc: Any) -> None:
@@ -227,6 +243,16 @@ class OrsSession:
             raise OrsError(f"tool {name!r} gave reward {reward!r}, not a number", hint="fix the env's ToolOutput")
         metadata = output["metadata"] if isinstance(output.get("metadata"), dict) else {}
         return ToolResult(blocks_text(output.get("blocks") or []), reward, bool(output.get("finished")), metadata)
+
+
+def _starting_wait(response: Any, attempt: int) -> float | None:
+    """Seconds to wait before asking again when the server says the session's env is still starting (503 with
+    `X-Backend-State: starting`, what ORS servers answer while `setup()` runs), else None."""
+    from atropos_cli.retry import Backoff, parse_retry_after
+
+    if response.status_code != 503 or response.headers.get("x-backend-state") != "starting":
+        return None
+    return Backoff().delay(attempt, parse_retry_after(response.headers.get("retry-after")))
 
 
 def _json(text: str, path: str) -> Any:
