@@ -271,14 +271,14 @@ async def main(url, game):
     async with client.environments.get(name, base_url=url).session(split="train", index=0) as session:
         prompt = " ".join(block.text for block in await session.get_prompt())
         print(prompt.replace("\\n", " "))
-        if game == "gym":  # bisect: the game says lower/higher until the guess is right
-            low, high = 1, 16
+        if game in ("gym", "openenv"):  # bisect: the game says lower/higher until the guess is right
+            low, high = 1, 16 if game == "gym" else 9
             for _ in range(8):
                 guess = (low + high) // 2
                 result = await session.call_terminal_tool(str(guess))
                 if result.finished:
                     break
-                said = " ".join(block.text for block in result.blocks)
+                said = " ".join(block.text for block in result.blocks).lower()
                 low, high = (low, guess - 1) if "lower" in said else (guess + 1, high)
         else:
             result = await session.call_terminal_tool(prompt.rsplit(" ", 1)[-1][::-1])
@@ -291,13 +291,14 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 OTHER_FRAMEWORKS = {  # case id: (its first prompt, the reward of a right answer)
     "gym": ("I picked a number from 1 to 16", 1.0),
     "vf": ("Reverse the word:", 1.5),  # vf_reverse_text: exact 1.0 + overlap 0.5 (its reward weights)
+    "openenv": ("I picked a number from 1 to 9", 1.0),  # tests/openenv_envs/guess_env, served from its package
 }
 
 
 @pytest.mark.parametrize("case_id", list(OTHER_FRAMEWORKS))
 def test_an_env_of_another_framework_exported_plays_through_the_sdks_client(case_id, ors_venv):
-    """`atropos export ors gym:...|vf:...` (the adapter's env, in its framework's venv): the SDK's client plays a
-    task to the end and gets the framework's reward."""
+    """`atropos export ors gym:...|vf:...|openenv:...` (the adapter's env, in its framework's venv): the SDK's
+    client plays a task to the end and gets the framework's reward."""
     from adapter_cases import CASES, atropos_python
     from atropos_cli.testing import free_port
     from served_envs import wait_for_export
