@@ -43,6 +43,16 @@ OPENENV_CASE = Case(
     in_test_venv=True,
 )
 
+ORS_CASE = Case(
+    id="ors",
+    python_var="ATROPOS_ORS_PYTHON",
+    spec="ors:guess_ors",
+    broken_spec="ors:guess_ors:BrokenEnv",
+    dotted=("--env.max_turns", "3", "--env.max_token_length", "8", "--env.max_sessions", "1"),  # same batches
+    pythonpath=(ROOT / "tests" / "ors_envs",),
+    in_test_venv=True,
+)
+
 CASES = [
     Case(
         id="gym",
@@ -62,6 +72,7 @@ CASES = [
         multi_turn=False,
     ),
     OPENENV_CASE,
+    ORS_CASE,
 ]
 
 

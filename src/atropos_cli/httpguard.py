@@ -195,25 +195,33 @@ class LoopbackGuard(BrowserGuard):
 
 
 class BearerAuth:
-    """Every request needs `Authorization: Bearer <key>` (a pure ASGI middleware: cheaper than a dependency)."""
+    """Every request needs `Authorization: Bearer <key>` (a pure ASGI middleware: cheaper than a dependency), or,
+    with `key_header` (a lower-case header name such as `b"x-api-key"`), the key alone in that header."""
 
     def __init__(
-        self, app: ASGIApp, api_key: str, render: Render, hint: str, on_reject: Callable[[str], None] | None = None
-    ) -> None:
+        self, app: ASGIApp, api_key: str, render: Render, hint: str, on_reject: Callable[[str], None] | None = None,
+        key_header: bytes | None = None,
+    ) -> None:  # fmt: skip
         self.app, self.key, self.render, self.hint, self.on_reject = app, api_key.encode(), render, hint, on_reject
+        self.key_header = key_header
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        header = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        header = headers.get(b"authorization", b"")
         scheme, _, token = header.partition(b" ")
-        if scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.key):
+        keyed = headers.get(self.key_header, b"") if self.key_header else b""
+        if (scheme.lower() == b"bearer" and secrets.compare_digest(token.strip(), self.key)) or (
+            keyed and secrets.compare_digest(keyed.strip(), self.key)
+        ):
             await self.app(scope, receive, send)
             return
         if self.on_reject:
             self.on_reject("unauthorized")
-        message = "missing or wrong bearer token" if header else "this server requires a bearer token"
+        what = "key" if self.key_header else "bearer token"
+        message = f"missing or wrong {what}" if header or keyed else f"this server requires a {what}"
         response = self.render(401, message, self.hint)
         response.headers["WWW-Authenticate"] = "Bearer"
         await _answer(scope, receive, send, response)

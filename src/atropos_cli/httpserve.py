@@ -41,8 +41,8 @@ from atropos_cli.errors import PortUnavailableError
 from atropos_cli.httpguard import HostPolicy, refusal
 
 __all__ = [
-    "HttpLimits", "LIMIT_FLAGS", "WsLimits", "WsSessions", "listen", "uvicorn_config", "serve", "protocol_class",
-    "GuardedHTTPServer", "GuardedHandler",
+    "HttpLimits", "LIMIT_FLAGS", "SessionLimits", "WsLimits", "WsSessions", "listen", "uvicorn_config", "serve",
+    "protocol_class", "GuardedHTTPServer", "GuardedHandler",
 ]  # fmt: skip
 
 LIMIT_FLAGS = {
@@ -50,6 +50,7 @@ LIMIT_FLAGS = {
     "body_timeout_s": "--body-timeout",
     "keep_alive_s": "--keep-alive",
     "ws_idle_s": "--ws-idle",
+    "session_idle_s": "--session-idle",
 }
 
 
@@ -85,6 +86,18 @@ class WsLimits(BaseModel):
     is closed (1001)."""
     max_ws_sessions: int = Field(default=64, ge=1)
     """Most WebSocket sessions open at once; one more evicts the idlest (closed 1013, "try again later")."""
+
+
+class SessionLimits(BaseModel):
+    """The sessions of a server whose clients hold sessions over plain HTTP (`atropos export ors`:
+    --max-sessions, --session-idle)."""
+
+    model_config = ConfigDict(use_attribute_docstrings=True, extra="forbid")
+
+    max_sessions: int = Field(default=256, ge=1)
+    """Most sessions open at once; one more ends the idlest."""
+    session_idle_s: float = Field(default=900.0, gt=0)
+    """Seconds a session may go without a request (ORS servers reap at 900); then it is ended."""
 
 
 class _Refused(Exception):

@@ -62,6 +62,7 @@ class Played:
     truncated: bool
     trace: TokenTrace | None
     finish_reason: str | None
+    calls: list[str] = field(default_factory=list)  # the tool of each reward, where rewards come from tool calls
 
 
 def episode_seed(seed: int, split: str, index: int) -> int:

@@ -71,7 +71,8 @@ COMMANDS: dict[str, LazyCommand] = {
     ),
     "export": LazyCommand(
         "atropos_cli.cli.export",
-        "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server).",
+        "Serve ENV to other frameworks: `atropos export openenv ENV` (an OpenEnv-compatible env server), "
+        "`atropos export ors ENV` (an Open Reward Standard server).",
     ),
     "proxy": LazyCommand(
         "atropos_cli.cli.proxy",

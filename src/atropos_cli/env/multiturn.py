@@ -33,7 +33,7 @@ from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
 from atropos_cli.types import Message, ScoredGroup
 
-__all__ = ["TokenTrace", "MultiTurnEnv", "bridge_ids", "gather_rollouts", "trace_fields"]
+__all__ = ["TokenTrace", "MultiTurnEnv", "bridge_ids", "chat_added", "gather_rollouts", "trace_fields"]
 
 T = TypeVar("T")
 
@@ -157,6 +157,15 @@ def trace_fields(traces: list[TokenTrace | None]) -> dict[str, Any]:
         "masks": [t.masks for t in kept],
         "inference_logprobs": logprobs if logprobs and all(lp is not None for lp in logprobs) else None,
     }
+
+
+def chat_added(before: list[Message], after: list[Message]) -> list[Message]:
+    """What a whole chat `after` (an env server's, or an exported env's next request) adds to `before`: its tail
+    past `before` when it extends it, else what follows its last assistant message."""
+    if after[: len(before)] == before:
+        return after[len(before) :]
+    last = max((i for i, m in enumerate(after) if m["role"] == "assistant"), default=-1)
+    return after[last + 1 :]
 
 
 class MultiTurnEnv(BaseEnv):

@@ -40,6 +40,7 @@ ADAPTERS: dict[str, str] = {
     "gym": "atropos_cli.adapters.gym",
     "harness": "atropos_cli.adapters.harness",
     "openenv": "atropos_cli.adapters.openenv",
+    "ors": "atropos_cli.adapters.ors",
     "vf": "atropos_cli.adapters.vf",
 }
 

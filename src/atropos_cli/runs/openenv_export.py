@@ -1,4 +1,6 @@
-"""Any env we run, played one episode at a time by an OpenEnv client (`atropos export openenv ENV`).
+"""Any env we run, played one episode at a time by another framework's client: an OpenEnv client (`atropos
+export openenv ENV`, runs/openenv_app.py) or an ORS one (`atropos export ors ENV`, runs/ors_app.py, where an
+episode is a session and a step is a call of its reply tool).
 
 How an episode maps (the env runs exactly as `atropos process` runs it, one rollout per item):
 - `reset(seed=k)` takes item k of the env's train stream (the same k gives the same item, so every rollout of
@@ -77,7 +79,7 @@ class BridgeBackend:
             tokenizer = self.env.tokenizer if self.env is not None else None
             if tokenizer is None:
                 raise BadRequestError(
-                    "the env sent token ids to the OpenEnv client and has no tokenizer to turn them into text",
+                    "the env sent token ids to the exported env's client and has no tokenizer to turn them into text",
                     hint="set --env.tokenizer_name",
                 )
             prompt = str(tokenizer.decode(prompt))
@@ -98,7 +100,7 @@ def _text(content: Any) -> str:
 def _current() -> Episode:
     episode = _episode.get()
     if episode is None:
-        raise BadRequestError("a model request outside an OpenEnv episode", hint="this is a bug in atropos")
+        raise BadRequestError("a model request outside an exported episode", hint="this is a bug in atropos")
     return episode
 
 
@@ -142,7 +144,7 @@ class Episode:
         """The env's model request: hand it to the client as an observation, return the client's reply."""
         if params.n != 1:
             raise BadRequestError(
-                f"the env asked for {params.n} completions at once; an OpenEnv step carries one action",
+                f"the env asked for {params.n} completions at once; one step carries one reply",
                 hint="export runs the env with --env.group_size 1; an env that fixes n itself cannot be exported",
             )
         await self._events.put(Observation(messages, prompt, 0.0, False, self.metadata))
@@ -193,8 +195,6 @@ class Exported:
     _exhausted: bool = False
 
     async def item(self, seed: int | None, split: str) -> tuple[int, Any]:
-        from atropos_cli.runs.envcall import call_env
-
         if split == "eval":
             return self._eval_item(seed)
         if split != "train":
@@ -212,30 +212,51 @@ class Exported:
                     hint=f"reset with seeds below {MAX_KEPT}",
                 )
             self._next = max(self._next, index + 1)
-            while len(self._train) <= index and not self._exhausted:
-                if len(self._train) % 100 == 99:
-                    await asyncio.sleep(0)  # a long draw lets the other sessions' messages through
-                item = await call_env(self.env, "get_next_item", self.env.get_next_item())
-                if item is None:
-                    self._exhausted = True
-                else:
-                    self._train.append(item)
+            await self._draw(index + 1)
             if index >= len(self._train):
                 raise EpisodeError(
                     f"the env has {len(self._train)} train items; there is no item {index}", hint="reset a lower seed"
                 )
             return index, self._train[index]
 
-    def _eval_item(self, seed: int | None) -> tuple[int, Any]:
+    async def _draw(self, count: int) -> None:
+        """Draw the train stream until it holds `count` items (or it ends)."""
+        from atropos_cli.runs.envcall import call_env
+
+        while len(self._train) < count and not self._exhausted:
+            if len(self._train) % 100 == 99:
+                await asyncio.sleep(0)  # a long draw lets the other sessions' messages through
+            item = await call_env(self.env, "get_next_item", self.env.get_next_item())
+            if item is None:
+                self._exhausted = True
+            else:
+                self._train.append(item)
+
+    async def count(self, split: str, limit: int) -> int:
+        """How many items `split` has: the eval split's all, the train stream's first `limit` at most."""
+        if split == "eval":
+            return len(self._eval_items())
+        async with self._lock:
+            await self._draw(limit)
+            return min(len(self._train), limit)
+
+    def has_eval(self) -> bool:
+        return getattr(self.env, "items", None) is not None
+
+    def _eval_items(self) -> list[Any]:
         if self._eval is None:
             items = getattr(self.env, "items", None)
             if items is None:
                 raise EpisodeError(f"env {self.env.name!r} has no eval split", hint="reset without split")
             self._eval = list(itertools.islice(items("eval"), 100_000))
+        return self._eval
+
+    def _eval_item(self, seed: int | None) -> tuple[int, Any]:
+        items = self._eval_items()
         index = seed or 0
-        if index >= len(self._eval):
-            raise EpisodeError(f"the eval split has {len(self._eval)} items; no item {index}", hint="a lower seed")
-        return index, self._eval[index]
+        if index >= len(items):
+            raise EpisodeError(f"the eval split has {len(items)} items; no item {index}", hint="a lower seed")
+        return index, items[index]
 
     async def episode(self, seed: int | None, split: str = "train") -> Episode:
         index, item = await self.item(seed, split)

@@ -20,17 +20,12 @@ is that rollout's failure record; the group keeps the others.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
-import time
 from collections.abc import Iterator
-from contextlib import nullcontext
-from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos_cli.adapters.episodes import EpisodeConfig, EpisodeEnv, Played
+from atropos_cli.adapters.episodes import EpisodeConfig, Played
 from atropos_cli.adapters.openenv.local import LocalServer, is_url
 from atropos_cli.adapters.openenv.wire import (
     OpenEnvSession,
@@ -39,10 +34,10 @@ from atropos_cli.adapters.openenv.wire import (
     observation_messages,
     pick_action_field,
 )
+from atropos_cli.adapters.served import Opening, ServedEpisodeEnv, chat_added
 from atropos_cli.env.base import BaseEnv
-from atropos_cli.env.multiturn import TokenTrace, gather_rollouts
-from atropos_cli.inference.base import Choice, seeded_requests
-from atropos_cli.types import Message, ScoredGroup
+from atropos_cli.env.multiturn import TokenTrace
+from atropos_cli.types import Message
 
 __all__ = ["OpenEnvConfig", "OpenEnvEnv", "load_openenv_env"]
 
@@ -68,17 +63,7 @@ class OpenEnvConfig(EpisodeConfig):
     startup_timeout_s: float = Field(120.0, gt=0, description="openenv:PACKAGE only: seconds for it to come up.")
 
 
-@dataclass
-class Opening:
-    """The group's first-turn request: one call for every rollout, shared by those with the same first prompt."""
-
-    size: int
-    key: Any = None
-    task: asyncio.Task[list[Choice]] | None = None
-    taken: set[int] = field(default_factory=set)
-
-
-class OpenEnvEnv(EpisodeEnv):
+class OpenEnvEnv(ServedEpisodeEnv):
     """An OpenEnv server's episodes as scored groups (made by `load_openenv_env`, which sets `target`)."""
 
     name: ClassVar[str] = "openenv"
@@ -119,15 +104,6 @@ class OpenEnvEnv(EpisodeEnv):
         self._sessions = asyncio.Semaphore(config.max_sessions)
         await super().setup()
 
-    async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredGroup | None, list[Any]]:
-        started = time.perf_counter()
-        opening = Opening(self.config.group_size)
-        plays = (self.play_rollout(item, i, opening) for i in range(self.config.group_size))
-        played = await gather_rollouts(self.name, item["id"], plays)
-        if not played:
-            return None, []
-        return self.group(item, played, time.perf_counter() - started), []
-
     async def play_rollout(self, item: dict[str, Any], index: int, opening: Opening) -> Played:
         """One episode on its own session: reset with the item's seed, then reply/step until done or max_turns."""
         config: OpenEnvConfig = self.config  # type: ignore[assignment]
@@ -142,46 +118,16 @@ class OpenEnvEnv(EpisodeEnv):
                 trace.start(messages)
             played = Played(list(messages), [], False, trace, None)
             seeding = (item["seed"], result.metadata["item_id"]) if "item_id" in result.metadata else None
-            choice = await self._opening_reply(opening, index, played, seeding, item["id"])
+            choice = await self.opening_reply(opening, index, played, seeding, item["id"])
             while True:
-                self._add_reply(played, choice)
+                self.add_reply(played, choice)
                 result = await session.step({self.action_field: choice.text})
                 played.rewards.append(result.reward or 0.0)
                 if result.done or len(played.rewards) >= config.max_turns:
                     played.truncated = not result.done
                     return played
                 self._add_observation(played, result)
-                seed = _turn_seed(self.config.seed, item["id"], index, len(played.rewards))
-                choice = (await self._request(played, 1, seed))[0]
-
-    async def _opening_reply(
-        self, opening: Opening, index: int, played: Played, seeding: tuple[int, Any] | None, item_id: str
-    ) -> Choice:
-        """Reply `index` of the group's shared first request when this rollout's first prompt is the shared one
-        (a rollout whose reset differs samples its own)."""
-        key = (played.trace.prompt_ids() if played.trace else None, json.dumps(played.messages, sort_keys=True))
-        if opening.task is None:
-            opening.key = key
-            opening.task = asyncio.ensure_future(self._first_request(played, opening.size, seeding))
-        if opening.key == key and index not in opening.taken:
-            opening.taken.add(index)
-            return (await opening.task)[index]
-        return (await self._request(played, 1, _turn_seed(self.config.seed, item_id, index, 0)))[0]
-
-    async def _first_request(self, played: Played, n: int, seeding: tuple[int, Any] | None) -> list[Choice]:
-        """The group's one opening request, seeded like the first request of a direct run of the item."""
-        with seeded_requests(self.config.seed, f"{seeding[0]}:{seeding[1]}") if seeding else nullcontext():
-            return await self._request(played, n, None)
-
-    async def _request(self, played: Played, n: int, seed: int | None) -> list[Choice]:
-        """Sent as token ids when a trace gives them, else as the chat. Later turns carry their own seed: the
-        sessions answer in any order, so a shared seed stream would hand out seeds in that order."""
-        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
-        if played.trace is not None:
-            generation = await self.server.completion(prompt=played.trace.prompt_ids(), **params)
-        else:
-            generation = await self.server.chat_completion(messages=played.messages, **params)
-        return list(generation.choices)
+                choice = await self.next_reply(played, item["id"], index)
 
     def _first_messages(self, result: StepResult) -> list[Message]:
         shown = observation_messages(result.observation, self.config.observation_field)  # type: ignore[attr-defined]
@@ -191,31 +137,13 @@ class OpenEnvEnv(EpisodeEnv):
             messages.insert(0, {"role": "system", "content": system})
         return messages
 
-    def _add_reply(self, played: Played, choice: Choice) -> None:
-        if played.trace:
-            played.trace.add_reply(choice.text, choice.token_ids, choice.logprobs, choice.finish_reason)
-        played.messages.append({"role": "assistant", "content": choice.text})
-        played.finish_reason = choice.finish_reason
-
     def _add_observation(self, played: Played, result: StepResult) -> None:
         """The env's answer as new messages: what a full chat adds after ours, else its text as a user turn."""
         shown = observation_messages(result.observation, self.config.observation_field)  # type: ignore[attr-defined]
         if isinstance(shown, str):
-            new: list[Message] = [{"role": "user", "content": shown}]
-        elif shown[: len(played.messages)] == played.messages:
-            new = shown[len(played.messages) :]
+            self.add_messages(played, [{"role": "user", "content": shown}])
         else:
-            last = max((i for i, m in enumerate(shown) if m["role"] == "assistant"), default=-1)
-            new = shown[last + 1 :]
-        if played.trace:
-            played.trace.add_messages(new)
-        played.messages.extend(new)
-
-
-def _turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
-    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one)."""
-    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
+            self.add_messages(played, chat_added(played.messages, shown))
 
 
 def load_openenv_env(target: str) -> type[BaseEnv]:

@@ -59,39 +59,53 @@ def _stop(process: subprocess.Popen[bytes], log_dir: str) -> None:
 
 
 class LocalServer:
-    """One env server process; `url` once `start()` returned. Stopped by `stop()`, or when garbage-collected."""
+    """One env server process; `url` once `start()` returned. Stopped by `stop()`, or when garbage-collected.
+
+    A framework's subclass (the ORS adapter's) sets `kind` (its name in messages), `python_var` (the variable
+    naming its Python), `resolve(target)` (the app it serves) and `command(port)` (how the process starts)."""
+
+    kind = "OpenEnv"
+    python_var = "ATROPOS_OPENENV_PYTHON"
 
     def __init__(self, package: str, python: str | None = None) -> None:
-        self.app = app_path(package)
-        self.python = python or os.environ.get("ATROPOS_OPENENV_PYTHON") or sys.executable
+        self.app = self.resolve(package)
+        self.python = python or os.environ.get(self.python_var) or sys.executable
         self.url = ""
         self._process: subprocess.Popen[bytes] | None = None
         self._finalizer: Any = None
+
+    @classmethod
+    def resolve(cls, package: str) -> str:
+        return app_path(package)
+
+    def command(self, port: int) -> list[str]:
+        return [self.python, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port)]
 
     def check(self) -> None:
         """The python exists and finds the package (without importing it): a bad target fails in milliseconds."""
         if not Path(self.python).exists() and shutil.which(self.python) is None:
             raise EnvLoadError(
-                f"python {self.python!r} for the OpenEnv server does not exist",
-                hint="--env.python PATH (the interpreter that has openenv and the env package)",
+                f"python {self.python!r} for the {self.kind} server does not exist",
+                hint=f"--env.python PATH (the interpreter that has {self.kind} and the env package)",
             )
         package = self.app.split(".", 1)[0].split(":", 1)[0]
         code = "import importlib.util, sys; sys.exit(0 if importlib.util.find_spec(sys.argv[1]) else 3)"
         found = subprocess.run([self.python, "-c", code, package], capture_output=True, timeout=60)
         if found.returncode != 0:
             raise EnvLoadError(
-                f"the OpenEnv env package {package!r} is not installed for {self.python}",
-                hint="pip install it there, or point --env.python (or $ATROPOS_OPENENV_PYTHON) at its venv",
+                f"the {self.kind} env package {package!r} is not installed for {self.python}",
+                hint=f"pip install it there, or point --env.python (or ${self.python_var}) at its venv",
             )
 
     def start(self, timeout_s: float) -> str:
         self.check()
         port = _free_port()
-        log_dir = tempfile.mkdtemp(prefix="atropos-openenv-")
+        log_dir = tempfile.mkdtemp(prefix=f"atropos-{self.kind.lower()}-")
         log = Path(log_dir) / "server.log"
-        command = [self.python, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port)]
         with log.open("wb") as out:
-            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            self._process = subprocess.Popen(
+                self.command(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
+            )
         self._finalizer = weakref.finalize(self, _stop, self._process, log_dir)
         self.url = f"http://127.0.0.1:{port}"
         self._wait_healthy(log, timeout_s)
@@ -111,9 +125,9 @@ class LocalServer:
                 tail = log.read_text(errors="replace").strip().splitlines()[-3:]
                 self.stop()
                 raise EnvLoadError(
-                    f"the OpenEnv server {self.app} exited with code {self._process.returncode}: "
+                    f"the {self.kind} server {self.app} exited with code {self._process.returncode}: "
                     + (" | ".join(tail) or "no output"),
-                    hint="is the package installed for --env.python (or $ATROPOS_OPENENV_PYTHON)?",
+                    hint=f"is the package installed for --env.python (or ${self.python_var})?",
                 )
             try:
                 if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
@@ -123,6 +137,6 @@ class LocalServer:
             time.sleep(0.1)  # polling a starting process, bounded by the deadline above
         self.stop()
         raise EnvLoadError(
-            f"the OpenEnv server {self.app} did not answer GET /health within {timeout_s:g}s",
+            f"the {self.kind} server {self.app} did not answer GET /health within {timeout_s:g}s",
             hint="raise --env.startup_timeout_s",
         )
