@@ -29,7 +29,7 @@ from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, trace_fields
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
-__all__ = ["EpisodeConfig", "EpisodeEnv", "Episode", "Step", "episode_seed"]
+__all__ = ["EpisodeConfig", "EpisodeEnv", "Episode", "Step", "episode_seed", "turn_seed"]
 
 
 class EpisodeConfig(EnvConfig):
@@ -70,6 +70,15 @@ def episode_seed(seed: int, split: str, index: int) -> int:
 
     digest = hashlib.sha256(f"{seed}:{split}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
+    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one): rollouts that run at
+    once answer in any order, so a shared seed stream would hand out seeds in that order."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def text_observation(value: Any, where: str) -> str:

@@ -20,7 +20,6 @@ is that rollout's failure record; the group keeps the others.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from atropos_cli.adapters.episodes import EpisodeConfig, EpisodeEnv, Played
+from atropos_cli.adapters.episodes import EpisodeConfig, EpisodeEnv, Played, turn_seed
 from atropos_cli.adapters.openenv.local import LocalServer, is_url
 from atropos_cli.adapters.openenv.wire import (
     OpenEnvSession,
@@ -151,7 +150,7 @@ class OpenEnvEnv(EpisodeEnv):
                     played.truncated = not result.done
                     return played
                 self._add_observation(played, result)
-                seed = _turn_seed(self.config.seed, item["id"], index, len(played.rewards))
+                seed = turn_seed(self.config.seed, item["id"], index, len(played.rewards))
                 choice = (await self._request(played, 1, seed))[0]
 
     async def _opening_reply(
@@ -166,7 +165,7 @@ class OpenEnvEnv(EpisodeEnv):
         if opening.key == key and index not in opening.taken:
             opening.taken.add(index)
             return (await opening.task)[index]
-        return (await self._request(played, 1, _turn_seed(self.config.seed, item_id, index, 0)))[0]
+        return (await self._request(played, 1, turn_seed(self.config.seed, item_id, index, 0)))[0]
 
     async def _first_request(self, played: Played, n: int, seeding: tuple[int, Any] | None) -> list[Choice]:
         """The group's one opening request, seeded like the first request of a direct run of the item."""
@@ -210,12 +209,6 @@ class OpenEnvEnv(EpisodeEnv):
         if played.trace:
             played.trace.add_messages(new)
         played.messages.extend(new)
-
-
-def _turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
-    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one)."""
-    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def load_openenv_env(target: str) -> type[BaseEnv]:

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import weakref
 from pathlib import Path
-from typing import Any
 
+from atropos_cli.adapters.childserver import ChildServer
 from atropos_cli.errors import EnvLoadError
+from atropos_cli.testing import free_port
 
 __all__ = ["LocalServer", "app_path", "is_url"]
 
@@ -41,23 +38,6 @@ def app_path(package: str) -> str:
     return f"{package}.server.app:app"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes], log_dir: str) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    shutil.rmtree(log_dir, ignore_errors=True)
-
-
 class LocalServer:
     """One env server process; `url` once `start()` returned. Stopped by `stop()`, or when garbage-collected."""
 
@@ -65,8 +45,10 @@ class LocalServer:
         self.app = app_path(package)
         self.python = python or os.environ.get("ATROPOS_OPENENV_PYTHON") or sys.executable
         self.url = ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._finalizer: Any = None
+        self._server = ChildServer(
+            f"the OpenEnv server {self.app}",
+            "is the package installed for --env.python (or $ATROPOS_OPENENV_PYTHON)?",
+        )
 
     def check(self) -> None:
         """The python exists and finds the package (without importing it): a bad target fails in milliseconds."""
@@ -86,43 +68,10 @@ class LocalServer:
 
     def start(self, timeout_s: float) -> str:
         self.check()
-        port = _free_port()
-        log_dir = tempfile.mkdtemp(prefix="atropos-openenv-")
-        log = Path(log_dir) / "server.log"
-        command = [self.python, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", str(port)]
-        with log.open("wb") as out:
-            self._process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-        self._finalizer = weakref.finalize(self, _stop, self._process, log_dir)
-        self.url = f"http://127.0.0.1:{port}"
-        self._wait_healthy(log, timeout_s)
+        self.url = f"http://127.0.0.1:{free_port()}"
+        command = [self.python, "-m", "uvicorn", self.app, "--host", "127.0.0.1", "--port", self.url.rsplit(":", 1)[1]]
+        self._server.start(command, self.url, timeout_s)
         return self.url
 
     def stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def _wait_healthy(self, log: Path, timeout_s: float) -> None:
-        import httpx
-
-        assert self._process is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                self.stop()
-                raise EnvLoadError(
-                    f"the OpenEnv server {self.app} exited with code {self._process.returncode}: "
-                    + (" | ".join(tail) or "no output"),
-                    hint="is the package installed for --env.python (or $ATROPOS_OPENENV_PYTHON)?",
-                )
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # polling a starting process, bounded by the deadline above
-        self.stop()
-        raise EnvLoadError(
-            f"the OpenEnv server {self.app} did not answer GET /health within {timeout_s:g}s",
-            hint="raise --env.startup_timeout_s",
-        )
+        self._server.stop()
