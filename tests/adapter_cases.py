@@ -43,6 +43,16 @@ OPENENV_CASE = Case(
     in_test_venv=True,
 )
 
+NEMOGYM_CASE = Case(
+    id="nemogym",
+    python_var="ATROPOS_NEMOGYM_PYTHON",
+    spec=f"nemogym:{ROOT / 'tests' / 'nemogym_envs' / 'sum_tool'}",
+    broken_spec=f"nemogym:{ROOT / 'tests' / 'nemogym_envs' / 'broken_verify'}",
+    dotted=("--env.max_token_length", "8"),
+    multi_turn=False,  # the shipped model never calls a tool: one reply per rollout (test_nemogym.py: more turns)
+    in_test_venv=True,
+)
+
 CASES = [
     Case(
         id="gym",
@@ -62,6 +72,7 @@ CASES = [
         multi_turn=False,
     ),
     OPENENV_CASE,
+    NEMOGYM_CASE,
 ]
 
 

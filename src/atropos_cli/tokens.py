@@ -31,9 +31,11 @@ class RolloutTokens:
     logprobs: list[list[float]] | None
 
 
-def chat_prompt_ids(tokenizer: Any, messages: list[Message]) -> list[int]:
-    """Token ids of a chat rendered with the tokenizer's template, ending with the assistant's turn header."""
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+def chat_prompt_ids(tokenizer: Any, messages: list[Message], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    """Token ids of a chat rendered with the tokenizer's template, ending with the assistant's turn header (with
+    `tools`, the OpenAI tool list the template shows the model, where it has a place for one)."""
+    extra = {"tools": tools} if tools else {}
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **extra)
     if hasattr(ids, "keys") and "input_ids" in ids:
         ids = ids["input_ids"]
     return list(ids)

@@ -43,8 +43,9 @@ _SENTINEL = "\u2063ATROPOS_REPLY\u2063"
 class TokenTrace:
     """One rollout's conversation and its aligned tokens, masks and logprobs."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
         self.tokenizer = tokenizer
+        self.tools = tools or None  # the OpenAI tool list every rendering of this chat shows the model
         self.messages: list[Message] = []
         self.tokens: list[int] = []
         self.masks: list[int] = []
@@ -56,7 +57,7 @@ class TokenTrace:
         if self.messages:
             raise ValueError("TokenTrace.start() was already called; use add_messages() for later turns")
         self.messages = [dict(m) for m in messages]
-        self._append(chat_prompt_ids(self.tokenizer, self.messages), trained=False)
+        self._append(chat_prompt_ids(self.tokenizer, self.messages, self.tools), trained=False)
         return self.prompt_ids()
 
     def add_reply(
@@ -95,7 +96,8 @@ class TokenTrace:
 
     def _bridge_text(self, new_messages: list[Message]) -> str:
         chat = [*self.messages[:-1], {"role": "assistant", "content": _SENTINEL}, *new_messages]
-        rendered = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+        extra = {"tools": self.tools} if self.tools else {}
+        rendered = self.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False, **extra)
         if rendered.count(_SENTINEL) != 1:
             raise ValueError("the chat template drops or repeats the assistant's reply; cannot bridge turns")
         return rendered.split(_SENTINEL, 1)[1]

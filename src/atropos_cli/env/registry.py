@@ -38,6 +38,7 @@ BUNDLED_PACKAGE = "atropos_cli.envs"
 # `PREFIX:TARGET` -> the adapter module that turns TARGET into an env class (one line per framework).
 ADAPTERS: dict[str, str] = {
     "gym": "atropos_cli.adapters.gym",
+    "nemogym": "atropos_cli.adapters.nemogym",
     "openenv": "atropos_cli.adapters.openenv",
     "vf": "atropos_cli.adapters.vf",
 }
