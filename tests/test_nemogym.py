@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from atropos_cli.testing import FakeInferenceServer
 from atropos_cli.tokens import MASKED
 
 SUM_TOOL = Path(__file__).parent / "nemogym_envs" / "sum_tool"
+TASKS = SUM_TOOL / "data" / "example.jsonl"
 CALL = '<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
 
 
@@ -63,10 +65,22 @@ def nemogym_venv() -> None:
     python_of(NEMOGYM_CASE)
 
 
-def test_tool_calls_run_in_the_rollouts_own_session():
+@pytest.fixture(scope="module")
+def sum_tool_url() -> Iterator[str]:
+    """The sum_tool server, started once from its folder (as `nemogym:DIR` starts it), for `nemogym:URL` runs."""
+    from atropos_cli.adapters.nemogym.server import ResourcesServer, find_folder
+
+    server = ResourcesServer(find_folder(str(SUM_TOOL), None), python_of(NEMOGYM_CASE))
+    yield server.start(timeout_s=120)
+    server.stop()
+    assert server.process.poll() is not None
+
+
+def test_tool_calls_run_in_the_rollouts_own_session(sum_tool_url):
     with FakeInferenceServer(rule=sum_agent, whole_chat=True) as fake:
-        dotted = ["--openai.base_url", fake.base_url, "--openai.model_name", "fake-model", "--env.group_size", "3"]
-        outcome, env = asyncio.run(one_group(f"nemogym:{SUM_TOOL}", dotted))
+        dotted = ["--openai.base_url", fake.base_url, "--openai.model_name", "fake-model", "--env.group_size", "3",
+                  "--env.dataset", str(TASKS)]  # fmt: skip
+        outcome, _ = asyncio.run(one_group(f"nemogym:{sum_tool_url}", dotted))
     (group,) = outcome.groups
     assert group.scores == [1.0, 1.0, 1.0]  # the answer is the tool's sum, verified in the session that added
     for parts in (r.reward_parts for r in group.meta.rollouts):
@@ -75,10 +89,9 @@ def test_tool_calls_run_in_the_rollouts_own_session():
     chat = group.messages[0]
     assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool", "assistant"]
     assert json.loads(chat[3]["content"]) == {"sum": 7} and chat[4]["content"] == "7"
-    assert env._server.process.poll() is not None  # stopped
 
 
-def test_multi_turn_tokens_are_the_backends_own(tmp_path):
+def test_multi_turn_tokens_are_the_backends_own(sum_tool_url):
     """Sent as token ids turn after turn: each request extends the last, trained tokens are exactly the ids the
     backend returned (the fake's ids are bytes; the template's bridges between them come from the tiny model's
     tokenizer), and the last turn's tool calls still run (NeMo Gym's agent runs them, then stops)."""
@@ -91,12 +104,12 @@ def test_multi_turn_tokens_are_the_backends_own(tmp_path):
     with FakeInferenceServer(rule=[call]) as fake:
         dotted = ["--openai.base_url", fake.base_url, "--openai.model_name", "fake-model", "--openai.server_type",
                   "vllm", "--env.tokenizer_name", str(DEFAULT_MODEL), "--env.max_turns", "2", "--env.group_size",
-                  "2", "--env.max_token_length", "128"]  # fmt: skip
-        outcome, _ = asyncio.run(one_group(f"nemogym:{SUM_TOOL}", dotted))
+                  "2", "--env.max_token_length", "128", "--env.dataset", str(TASKS)]  # fmt: skip
+        outcome, _ = asyncio.run(one_group(f"nemogym:{sum_tool_url}", dotted))
     (group,) = outcome.groups
     assert group.scores == [0.0, 0.0]  # never answered
     ids = list(call.encode())
-    row = json.loads((SUM_TOOL / "data" / "example.jsonl").read_text().splitlines()[0])
+    row = json.loads(TASKS.read_text().splitlines()[0])
     tools = chat_tools(row["responses_create_params"])
     first = chat_prompt_ids(load_tokenizer(str(DEFAULT_MODEL)), group.messages[0][:2], tools)
     for tokens, masks, rollout in zip(group.tokens, group.masks, group.meta.rollouts, strict=True):
@@ -125,7 +138,8 @@ def test_a_server_nemo_gym_ships_is_scored_by_its_own_verify():
     weather = lambda prompt, i: call if "<|tool|>" not in prompt else "It is cold."  # noqa: E731
     with FakeInferenceServer(rule=weather, whole_chat=True) as fake:
         dotted = ["--openai.base_url", fake.base_url, "--openai.model_name", "fake-model", "--env.group_size", "2"]
-        outcome, _ = asyncio.run(one_group("nemogym:example_single_tool_call", dotted))
+        outcome, env = asyncio.run(one_group("nemogym:example_single_tool_call", dotted))
+    assert env._server.process.poll() is not None  # the server it started is stopped
     (group,) = outcome.groups
     assert group.scores == [1.0, 1.0]  # its verify: the response called get_weather
     assert "cold" in group.messages[0][3]["content"]  # the server's own tool answered

@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from atropos_cli.env.base import BaseEnv, record_failure
 from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
-from atropos_cli.types import Message, ScoredGroup
+from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
 __all__ = ["TokenTrace", "MultiTurnEnv", "gather_rollouts", "trace_fields"]
 
@@ -156,6 +156,34 @@ class MultiTurnEnv(BaseEnv):
 
     def group(self, item: Any, played: list[Any], elapsed: float) -> ScoredGroup:
         raise NotImplementedError(f"{type(self).__name__} must implement group(item, played, elapsed)")
+
+    def traced_group(
+        self,
+        item_id: str,
+        traces: list[TokenTrace | None],
+        scores: list[float],
+        messages: list[list[Message]],
+        rollouts: list[RolloutMeta],
+        elapsed: float,
+        **meta: Any,
+    ) -> ScoredGroup:
+        """The group of the kept rollouts: tokens from their traces (none when one has no trace), the usual meta
+        (`meta` adds fields, e.g. the episode's seed)."""
+        return ScoredGroup(
+            **trace_fields(traces),
+            scores=scores,
+            messages=messages,
+            meta=GroupMeta(
+                env=self.name,
+                env_version=self.version,
+                item_id=item_id,
+                failed_rollouts=self.config.group_size - len(scores),
+                duration_s=round(elapsed, 4),
+                tokens_missing=any(t is None for t in traces),
+                rollouts=rollouts,
+                **meta,
+            ),
+        )
 
     async def reply(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
         """One sampled reply (a `Choice`): sent as token ids when a trace gives them, else as the chat."""

@@ -33,9 +33,9 @@ from atropos_cli.adapters.nemogym import wire
 from atropos_cli.adapters.nemogym.server import ResourcesServer, find_folder, is_url, server_python
 from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.base import BaseEnv
-from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, gather_rollouts, trace_fields
+from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, gather_rollouts
 from atropos_cli.errors import ConfigError
-from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
+from atropos_cli.types import Message, RolloutMeta, ScoredGroup
 
 __all__ = ["NemoGymConfig", "NemoGymEnv", "load_nemogym_env"]
 
@@ -195,19 +195,10 @@ class NemoGymEnv(MultiTurnEnv):
         return str(getattr(self.server, "model_name", None) or "policy")
 
     def group(self, item: dict[str, Any], played: list[Rollout], elapsed: float) -> ScoredGroup:
-        return ScoredGroup(
-            **trace_fields([r.trace for r in played]),
-            scores=[float(r.verified["reward"]) for r in played],
-            messages=[r.messages for r in played],
-            meta=GroupMeta(
-                env=self.name,
-                env_version=self.version,
-                item_id=item["id"],
-                failed_rollouts=self.config.group_size - len(played),
-                duration_s=round(elapsed, 4),
-                tokens_missing=any(r.trace is None for r in played),
-                rollouts=[RolloutMeta(finish_reason=r.finish_reason, reward_parts=_reward_parts(r)) for r in played],
-            ),
+        rollouts = [RolloutMeta(finish_reason=r.finish_reason, reward_parts=_reward_parts(r)) for r in played]
+        scores = [float(r.verified["reward"]) for r in played]
+        return self.traced_group(
+            item["id"], [r.trace for r in played], scores, [r.messages for r in played], rollouts, elapsed
         )
 
 
