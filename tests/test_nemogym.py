@@ -87,8 +87,8 @@ def test_tool_calls_run_in_the_rollouts_own_session(sum_tool_url):
         assert parts == {"reward": 1.0, "answered": 1.0, "used_tool": 1.0, "turns": 2.0, "tool_calls": 1.0,
                          "complete": 1.0}  # fmt: skip
     chat = group.messages[0]
-    assert [m["role"] for m in chat] == ["system", "user", "assistant", "tool", "assistant"]
-    assert json.loads(chat[3]["content"]) == {"sum": 7} and chat[4]["content"] == "7"
+    assert [m["role"] for m in chat] == ["user", "assistant", "tool", "assistant"]
+    assert json.loads(chat[2]["content"]) == {"sum": 7} and chat[3]["content"] == "7"
 
 
 def test_multi_turn_tokens_are_the_backends_own(sum_tool_url):
@@ -111,7 +111,7 @@ def test_multi_turn_tokens_are_the_backends_own(sum_tool_url):
     ids = list(call.encode())
     row = json.loads(TASKS.read_text().splitlines()[0])
     tools = chat_tools(row["responses_create_params"])
-    first = chat_prompt_ids(load_tokenizer(str(DEFAULT_MODEL)), group.messages[0][:2], tools)
+    first = chat_prompt_ids(load_tokenizer(str(DEFAULT_MODEL)), group.messages[0][:1], tools)
     for tokens, masks, rollout in zip(group.tokens, group.masks, group.meta.rollouts, strict=True):
         trained = [t for t, m in zip(tokens, masks, strict=True) if m != MASKED]
         assert tokens[: len(first) + len(ids)] == first + ids and tokens[-len(ids) :] == ids
