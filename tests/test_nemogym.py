@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from adapter_cases import NEMOGYM_CASE, python_of
 from atropos_cli.cli.app import app
-from atropos_cli.testing import FakeInferenceServer
+from atropos_cli.testing import FakeInferenceServer, free_port
 from atropos_cli.tokens import MASKED
 
 SUM_TOOL = Path(__file__).parent / "nemogym_envs" / "sum_tool"
@@ -38,7 +38,9 @@ def sum_agent(prompt: str, index: int) -> str:
     """A scripted policy: asks the add tool for the task's sum, then answers with the tool's result."""
     if "<|tool|>" in prompt:
         return re.findall(r'"sum":\s*(-?\d+)', prompt)[-1]
-    a, b = re.search(r"What is (\d+) \+ (\d+)\?", prompt).groups()  # type: ignore[union-attr]
+    question = re.search(r"What is (\d+) \+ (\d+)\?", prompt)
+    assert question, prompt
+    a, b = question.groups()
     return CALL.format(name="add", arguments=json.dumps({"a": int(a), "b": int(b)}))
 
 
@@ -154,6 +156,7 @@ def test_bad_targets_and_rows_are_one_line_errors(tmp_path):
         "nemogym:no_such_server_anywhere": "not a folder, nor a resources server",
         f"nemogym:{SUM_TOOL} --env.python /no/such/python": "no Python with nemo-gym",
         "nemogym:http://127.0.0.1:9": "needs its task rows",
+        f"nemogym:http://127.0.0.1:{free_port()} --env.dataset {TASKS}": "cannot reach the NeMo Gym resources server",
         f"nemogym:{SUM_TOOL} --env.dataset {bad_rows}": "rows.jsonl:1: a task row needs a responses_create_params",
         f"nemogym:{SUM_TOOL} --env.tool_parser nope": "nope",
     }

@@ -95,6 +95,8 @@ class NemoGymEnv(MultiTurnEnv):
             default = find_folder(cls.target, config.python).dataset
             server_python(config.python)
         _rows(config.dataset, default, "dataset")
+        if is_url(cls.target):
+            wire.check_reachable(cls.target, min(config.timeout_s, 30.0))
 
     async def setup(self) -> None:
         config: NemoGymConfig = self.config  # type: ignore[assignment]

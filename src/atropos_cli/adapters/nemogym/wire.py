@@ -32,6 +32,7 @@ __all__ = [
     "call_item",
     "call_output_item",
     "chat_tools",
+    "check_reachable",
     "message_item",
     "response_body",
     "row_messages",
@@ -136,6 +137,27 @@ def response_body(params: dict[str, Any], output: list[dict[str, Any]], model: s
         "tool_choice": params.get("tool_choice", "auto"),
         "tools": params.get("tools") or [],
     }
+
+
+def check_reachable(base_url: str, timeout_s: float) -> None:
+    """A running server answers its liveness route (`GET /health`, every NeMo Gym server has it)."""
+    import httpx
+
+    from atropos_cli.errors import EnvLoadError
+    from atropos_cli.httpclient import ReplyTooLarge, bounded_get
+
+    try:
+        response, _ = bounded_get(base_url.rstrip("/") + "/health", timeout_s, 1 << 16)
+    except (httpx.HTTPError, ReplyTooLarge) as exc:
+        raise EnvLoadError(
+            f"cannot reach the NeMo Gym resources server at {base_url}: {exc}",
+            hint="is it running (ng_run, or `python app.py` under NeMo Gym's config)? Or give its folder: nemogym:DIR",
+        ) from None
+    if response.status_code != 200:
+        raise EnvLoadError(
+            f"{base_url}/health answered {response.status_code}: not a NeMo Gym server",
+            hint="nemogym:URL is a resources server's address (host and port)",
+        )
 
 
 class ResourcesSession:
