@@ -122,12 +122,13 @@ def test_multi_turn_tokens_are_the_backends_own(sum_tool_url):
         assert rollout.reward_parts["complete"] == 0.0
 
 
-def test_process_on_the_shipped_model_scores_with_the_servers_verify(tmp_path):
-    groups = process([f"nemogym:{SUM_TOOL}", "--num-groups", "2", "--group-size", "2",
-                      "--env.max_token_length", "8"], tmp_path / "run")  # fmt: skip
+def test_process_on_the_shipped_model_scores_with_the_servers_verify(sum_tool_url, tmp_path):
+    """`atropos process` end to end (the battery runs the folder form, `nemogym:DIR`, the same way)."""
+    groups = process([f"nemogym:{sum_tool_url}", "--env.dataset", str(TASKS), "--num-groups", "2", "--group-size",
+                      "2", "--env.max_token_length", "8"], tmp_path / "run")  # fmt: skip
     assert len(groups) == 2
     for group in groups:
-        assert group["meta"]["env"] == f"nemogym:{SUM_TOOL}" and group["tokens"]
+        assert group["meta"]["env"] == f"nemogym:{sum_tool_url}" and group["tokens"]
         for tokens, masks, rollout in zip(group["tokens"], group["masks"], group["meta"]["rollouts"], strict=True):
             assert any(m != MASKED for m in masks) and all(m in (MASKED, t) for t, m in zip(tokens, masks, strict=True))
             assert set(rollout["reward_parts"]) >= {"reward", "answered", "used_tool", "turns"}
