@@ -11,7 +11,8 @@ limit, or `--env.max_turns` replies were given. The server's `verify` reward is 
 
 Tokens are exact across turns (`TokenTrace`: the backend's own ids for every reply, the template's bridges
 masked), so the groups train; without a tokenizer the rollouts run over chat and the group has no tokens.
-Every request carries its own seed (run seed, item, rollout, turn), so a run is repeatable. A rollout whose
+The group's first replies are one request for all `group_size` (they share the row's prompt); every later
+request carries its own seed (run seed, item, rollout, turn), so a run is repeatable. A rollout whose
 session fails (seed or verify refused, the server gone) is that rollout's failure record; the group keeps the
 others.
 """
@@ -63,6 +64,7 @@ class Rollout:
 
     messages: list[Message]
     trace: TokenTrace | None
+    tools: list[dict[str, Any]] | None
     output: list[dict[str, Any]] = field(default_factory=list)
     turns: int = 0
     tool_calls: int = 0
@@ -123,31 +125,48 @@ class NemoGymEnv(MultiTurnEnv):
             yield {"id": f"{split}-{index}", "row": row}
 
     async def collect_trajectories(self, item: dict[str, Any]) -> tuple[ScoredGroup | None, list[Any]]:
+        """The group's first replies are one request (every rollout starts from the row's prompt), as a
+        SimpleEnv asks; each rollout takes its own, then plays on in its own session."""
         started = time.perf_counter()
-        plays = (self.play_rollout(item, i) for i in range(self.config.group_size))
-        played = await gather_rollouts(self.name, item["id"], plays)
+        opening = asyncio.ensure_future(self._opening(item))
+        plays = (self.play_rollout(item, i, opening) for i in range(self.config.group_size))
+        try:
+            played = await gather_rollouts(self.name, item["id"], plays)
+        finally:
+            if not opening.done():
+                opening.cancel()
+            elif not opening.cancelled():
+                opening.exception()  # retrieved: a failed opening is each rollout's failure record already
         if not played:
             return None, []
         return self.group(item, played, time.perf_counter() - started), []
 
-    async def play_rollout(self, item: dict[str, Any], index: int) -> Rollout:
-        """One session: seed, then reply / call tools until a reply calls none, then verify."""
-        config: NemoGymConfig = self.config  # type: ignore[assignment]
-        row = item["row"]
-        params = row["responses_create_params"]
+    async def _opening(self, item: dict[str, Any]) -> list[Any]:
+        rollout = self._start(item)
+        seed = turn_seed(self.config.seed, item["id"], -1, 0)
+        return await self._request(rollout, seed, self.config.group_size)
+
+    def _start(self, item: dict[str, Any]) -> Rollout:
+        """A rollout before its first reply: the row's chat, and its token trace when there is a tokenizer."""
+        params = item["row"]["responses_create_params"]
         tools = wire.chat_tools(params)
         messages = wire.row_messages(params)
         trace = TokenTrace(self.tokenizer, tools) if self.tokenizer is not None else None
         if trace:
             trace.start(messages)
-        rollout = Rollout(list(messages), trace)
-        names = {t["function"]["name"] for t in tools or []}
+        return Rollout(list(messages), trace, tools)
+
+    async def play_rollout(self, item: dict[str, Any], index: int, opening: asyncio.Future[list[Any]]) -> Rollout:
+        """One session: seed, then reply / call tools until a reply calls none, then verify."""
+        config: NemoGymConfig = self.config  # type: ignore[assignment]
+        row = item["row"]
+        rollout = self._start(item)
+        names = {t["function"]["name"] for t in rollout.tools or []}
         async with wire.ResourcesSession(self.base_url, config.timeout_s, names) as session:
             await session.seed(row)
+            choice = (await asyncio.shield(opening))[index]
             while True:
-                seed = turn_seed(config.seed, item["id"], index, rollout.turns)
-                choice = await self._request(rollout, seed)
-                calls = self._add_reply(rollout, choice, tools)
+                calls = self._add_reply(rollout, choice)
                 if choice.finish_reason == "length" or not calls:
                     rollout.complete = choice.finish_reason != "length"
                     break
@@ -156,29 +175,32 @@ class NemoGymEnv(MultiTurnEnv):
                 if rollout.turns >= config.max_turns:  # as NeMo Gym's agent: the last calls run, then it stops
                     rollout.complete = False
                     break
-                if trace:
-                    trace.add_messages(results)
+                if rollout.trace:
+                    rollout.trace.add_messages(results)
+                choice = (await self._request(rollout, turn_seed(config.seed, item["id"], index, rollout.turns)))[0]
+            params = row["responses_create_params"]
             response = wire.response_body(params, rollout.output, self._model_name(), complete=rollout.complete)
             rollout.verified = await session.verify(row, response)
         return rollout
 
-    async def _request(self, rollout: Rollout, seed: int) -> Any:
+    async def _request(self, rollout: Rollout, seed: int, n: int = 1) -> list[Any]:
         """Sent as token ids when a trace gives them (the template rendered the tools), else as the chat (our
         router's chat requests carry no tool list: the policy sees the tools only through a tokenizer)."""
-        params = self.sampling_params(n=1, seed=seed).model_dump(exclude_none=True)
+        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
         if rollout.trace is not None:
             generation = await self.server.completion(prompt=rollout.trace.prompt_ids(), **params)
         else:
             generation = await self.server.chat_completion(messages=rollout.messages, **params)
-        return generation.choices[0]
+        return list(generation.choices)
 
-    def _add_reply(self, rollout: Rollout, choice: Any, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    def _add_reply(self, rollout: Rollout, choice: Any) -> list[dict[str, Any]]:
         """Record the reply (its own tokens; the text as the assistant turn) and its output items; its calls."""
         if rollout.trace:
             rollout.trace.add_reply(choice.text, choice.token_ids, choice.logprobs, choice.finish_reason)
         rollout.messages.append({"role": "assistant", "content": choice.text})
         rollout.turns += 1
         rollout.finish_reason = choice.finish_reason
+        tools = rollout.tools
         content, calls = self.parser.parse(choice.text, tools) if tools else (choice.text, None)
         calls = [{**c, "id": f"call_{rollout.tool_calls + i}"} for i, c in enumerate(calls or [])]
         if content:
