@@ -187,12 +187,20 @@ class MultiTurnEnv(BaseEnv):
 
     async def reply(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
         """One sampled reply (a `Choice`): sent as token ids when a trace gives them, else as the chat."""
-        params = self.sampling_params(n=1).model_dump(exclude_none=True)
+        return (await self.sample(messages, prompt_ids))[0]
+
+    async def sample(
+        self, messages: list[Message], prompt_ids: list[int] | None, n: int = 1, seed: int | None = None
+    ) -> list[Any]:
+        """`n` sampled replies (`Choice`s) of one prompt: its token ids when a trace gives them (the trained
+        tokens stay the backend's own), else the chat. `seed` pins the request's sampling (rollouts that run at
+        once ask in any order; None takes the run's next seed)."""
+        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
         if prompt_ids is not None:
             generation = await self.server.completion(prompt=prompt_ids, **params)
         else:
             generation = await self.server.chat_completion(messages=messages, **params)
-        return generation.choices[0]
+        return list(generation.choices)
 
     async def setup(self) -> None:
         self._train = self.items("train")

@@ -184,14 +184,9 @@ class NemoGymEnv(MultiTurnEnv):
         return rollout
 
     async def _request(self, rollout: Rollout, seed: int, n: int = 1) -> list[Any]:
-        """Sent as token ids when a trace gives them (the template rendered the tools), else as the chat (our
-        router's chat requests carry no tool list: the policy sees the tools only through a tokenizer)."""
-        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
-        if rollout.trace is not None:
-            generation = await self.server.completion(prompt=rollout.trace.prompt_ids(), **params)
-        else:
-            generation = await self.server.chat_completion(messages=rollout.messages, **params)
-        return list(generation.choices)
+        """As token ids when a trace gives them (the template rendered the tools), else as the chat (our router's
+        chat requests carry no tool list: the policy sees the tools only through a tokenizer)."""
+        return await self.sample(rollout.messages, rollout.trace.prompt_ids() if rollout.trace else None, n, seed)
 
     def _add_reply(self, rollout: Rollout, choice: Any) -> list[dict[str, Any]]:
         """Record the reply (its own tokens; the text as the assistant turn) and its output items; its calls."""

@@ -151,7 +151,7 @@ class OpenEnvEnv(EpisodeEnv):
                     return played
                 self._add_observation(played, result)
                 seed = turn_seed(self.config.seed, item["id"], index, len(played.rewards))
-                choice = (await self._request(played, 1, seed))[0]
+                choice = (await self._sample(played, 1, seed))[0]
 
     async def _opening_reply(
         self, opening: Opening, index: int, played: Played, seeding: tuple[int, Any] | None, item_id: str
@@ -165,22 +165,15 @@ class OpenEnvEnv(EpisodeEnv):
         if opening.key == key and index not in opening.taken:
             opening.taken.add(index)
             return (await opening.task)[index]
-        return (await self._request(played, 1, turn_seed(self.config.seed, item_id, index, 0)))[0]
+        return (await self._sample(played, 1, turn_seed(self.config.seed, item_id, index, 0)))[0]
 
     async def _first_request(self, played: Played, n: int, seeding: tuple[int, Any] | None) -> list[Choice]:
         """The group's one opening request, seeded like the first request of a direct run of the item."""
         with seeded_requests(self.config.seed, f"{seeding[0]}:{seeding[1]}") if seeding else nullcontext():
-            return await self._request(played, n, None)
+            return await self._sample(played, n, None)
 
-    async def _request(self, played: Played, n: int, seed: int | None) -> list[Choice]:
-        """Sent as token ids when a trace gives them, else as the chat. Later turns carry their own seed: the
-        sessions answer in any order, so a shared seed stream would hand out seeds in that order."""
-        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
-        if played.trace is not None:
-            generation = await self.server.completion(prompt=played.trace.prompt_ids(), **params)
-        else:
-            generation = await self.server.chat_completion(messages=played.messages, **params)
-        return list(generation.choices)
+    async def _sample(self, played: Played, n: int, seed: int | None) -> list[Choice]:
+        return await self.sample(played.messages, played.trace.prompt_ids() if played.trace else None, n, seed)
 
     def _first_messages(self, result: StepResult) -> list[Message]:
         shown = observation_messages(result.observation, self.config.observation_field)  # type: ignore[attr-defined]
