@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, trace_fields
-from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
+from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace
+from atropos_cli.types import Message, RolloutMeta, ScoredGroup
 
 RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
 _MOVE = re.compile(r"\b(hit|stand)\b", re.IGNORECASE)
@@ -157,18 +157,8 @@ class BlackjackEnv(MultiTurnEnv):
         return Played(messages, score, parts, trace, finish_reason)
 
     def group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
-        with_tokens = all(p.trace is not None for p in played)
-        return ScoredGroup(
-            **trace_fields([p.trace for p in played]),
-            scores=[p.score for p in played],
-            messages=[p.messages for p in played],
-            meta=GroupMeta(
-                env=self.name,
-                env_version=self.version,
-                item_id=item["id"],
-                failed_rollouts=self.config.group_size - len(played),
-                duration_s=round(elapsed, 4),
-                tokens_missing=not with_tokens,
-                rollouts=[RolloutMeta(finish_reason=p.finish_reason, reward_parts=p.parts) for p in played],
-            ),
+        rollouts = [RolloutMeta(finish_reason=p.finish_reason, reward_parts=p.parts) for p in played]
+        traces = [p.trace for p in played]
+        return self.traced_group(
+            item["id"], traces, [p.score for p in played], [p.messages for p in played], rollouts, elapsed
         )

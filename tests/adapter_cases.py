@@ -53,6 +53,16 @@ ORS_CASE = Case(
     in_test_venv=True,
 )
 
+NEMOGYM_CASE = Case(
+    id="nemogym",
+    python_var="ATROPOS_NEMOGYM_PYTHON",
+    spec=f"nemogym:{ROOT / 'tests' / 'nemogym_envs' / 'sum_tool'}",
+    broken_spec=f"nemogym:{ROOT / 'tests' / 'nemogym_envs' / 'broken_verify'}",
+    dotted=("--env.max_token_length", "8"),
+    multi_turn=False,  # the shipped model never calls a tool: one reply per rollout (test_nemogym.py: more turns)
+    in_test_venv=True,
+)
+
 CASES = [
     Case(
         id="gym",
@@ -73,6 +83,7 @@ CASES = [
     ),
     OPENENV_CASE,
     ORS_CASE,
+    NEMOGYM_CASE,
 ]
 
 

@@ -137,7 +137,7 @@ def test_local_server_is_stopped():
     server = LocalServer("echo_env", PYTHON)
     url = server.start(timeout_s=120)
     assert httpx.get(url + "/health").json() == {"status": "healthy"}
-    process_ = server._process
+    process_ = server._server.process
     server.stop()
     assert process_ is not None and process_.poll() is not None
     with pytest.raises(httpx.ConnectError):

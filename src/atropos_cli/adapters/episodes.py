@@ -26,10 +26,10 @@ from typing import Any, Protocol
 from pydantic import Field
 
 from atropos_cli.config import QUICK_GROUPS, EnvConfig
-from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace, trace_fields
-from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
+from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace
+from atropos_cli.types import Message, RolloutMeta, ScoredGroup
 
-__all__ = ["EpisodeConfig", "EpisodeEnv", "Episode", "Step", "episode_seed"]
+__all__ = ["EpisodeConfig", "EpisodeEnv", "Episode", "Step", "episode_seed", "turn_seed"]
 
 
 class EpisodeConfig(EnvConfig):
@@ -71,6 +71,15 @@ def episode_seed(seed: int, split: str, index: int) -> int:
 
     digest = hashlib.sha256(f"{seed}:{split}:{index}".encode()).digest()
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
+    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one): rollouts that run at
+    once answer in any order, so a shared seed stream would hand out seeds in that order."""
+    import hashlib
+
+    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 def text_observation(value: Any, where: str) -> str:
@@ -124,32 +133,13 @@ class EpisodeEnv(MultiTurnEnv):
             prompt_ids = trace.add_messages([observation]) if trace else None
 
     def group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
-        with_tokens = all(p.trace is not None for p in played)
-        return ScoredGroup(
-            **trace_fields([p.trace for p in played]),
-            scores=[sum(p.rewards) for p in played],
-            messages=[p.messages for p in played],
-            meta=GroupMeta(
-                env=self.name,
-                env_version=self.version,
-                item_id=item["id"],
-                episode_seed=item["seed"],
-                failed_rollouts=self.config.group_size - len(played),
-                duration_s=round(elapsed, 4),
-                tokens_missing=not with_tokens,
-                rollouts=[
-                    RolloutMeta(
-                        finish_reason=p.finish_reason,
-                        reward_parts={
-                            "return": sum(p.rewards),
-                            "turns": float(len(p.rewards)),
-                            "truncated": float(p.truncated),
-                        },
-                        step_rewards=p.rewards,
-                    )
-                    for p in played
-                ],
-            ),
+        rollouts = [
+            RolloutMeta(finish_reason=p.finish_reason, reward_parts=_parts(p), step_rewards=p.rewards) for p in played
+        ]
+        traces = [p.trace for p in played]
+        scores = [sum(p.rewards) for p in played]
+        return self.traced_group(
+            item["id"], traces, scores, [p.messages for p in played], rollouts, elapsed, episode_seed=item["seed"]
         )
 
 

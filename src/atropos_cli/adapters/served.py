@@ -17,14 +17,13 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
-from atropos_cli.adapters.episodes import EpisodeEnv, Played
+from atropos_cli.adapters.episodes import EpisodeEnv, Played, turn_seed
 from atropos_cli.env.multiturn import chat_added, gather_rollouts
 from atropos_cli.inference.base import Choice, seeded_requests
 from atropos_cli.types import Message, ScoredGroup
@@ -40,12 +39,6 @@ class Opening:
     key: Any = None
     task: asyncio.Task[list[Choice]] | None = None
     taken: set[int] = field(default_factory=set)
-
-
-def turn_seed(run_seed: int, item_id: str, rollout: int, turn: int) -> int:
-    """The sampling seed of one rollout's turn (a stable hash, not Python's salted one)."""
-    digest = hashlib.blake2b(f"{run_seed}:{item_id}:{rollout}:{turn}".encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big") & 0x7FFFFFFF
 
 
 class ServedEpisodeEnv(EpisodeEnv):

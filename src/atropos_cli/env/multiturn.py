@@ -31,7 +31,7 @@ from typing import Any, TypeVar
 from atropos_cli.env.base import BaseEnv, record_failure
 from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
-from atropos_cli.types import Message, ScoredGroup
+from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
 __all__ = ["TokenTrace", "MultiTurnEnv", "bridge_ids", "chat_added", "gather_rollouts", "trace_fields"]
 
@@ -45,7 +45,7 @@ class TokenTrace:
 
     def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None) -> None:
         self.tokenizer = tokenizer
-        self.tools = tools  # OpenAI tool specs the chat template renders (every render of this trace uses them)
+        self.tools = tools or None  # the OpenAI tool list every rendering of this chat shows the model
         self.messages: list[Message] = []
         self.tokens: list[int] = []
         self.masks: list[int] = []
@@ -181,14 +181,50 @@ class MultiTurnEnv(BaseEnv):
     def group(self, item: Any, played: list[Any], elapsed: float) -> ScoredGroup:
         raise NotImplementedError(f"{type(self).__name__} must implement group(item, played, elapsed)")
 
+    def traced_group(
+        self,
+        item_id: str,
+        traces: list[TokenTrace | None],
+        scores: list[float],
+        messages: list[list[Message]],
+        rollouts: list[RolloutMeta],
+        elapsed: float,
+        **meta: Any,
+    ) -> ScoredGroup:
+        """The group of the kept rollouts: tokens from their traces (none when one has no trace), the usual meta
+        (`meta` adds fields, e.g. the episode's seed)."""
+        return ScoredGroup(
+            **trace_fields(traces),
+            scores=scores,
+            messages=messages,
+            meta=GroupMeta(
+                env=self.name,
+                env_version=self.version,
+                item_id=item_id,
+                failed_rollouts=self.config.group_size - len(scores),
+                duration_s=round(elapsed, 4),
+                tokens_missing=any(t is None for t in traces),
+                rollouts=rollouts,
+                **meta,
+            ),
+        )
+
     async def reply(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
         """One sampled reply (a `Choice`): sent as token ids when a trace gives them, else as the chat."""
-        params = self.sampling_params(n=1).model_dump(exclude_none=True)
+        return (await self.sample(messages, prompt_ids))[0]
+
+    async def sample(
+        self, messages: list[Message], prompt_ids: list[int] | None, n: int = 1, seed: int | None = None
+    ) -> list[Any]:
+        """`n` sampled replies (`Choice`s) of one prompt: its token ids when a trace gives them (the trained
+        tokens stay the backend's own), else the chat. `seed` pins the request's sampling (rollouts that run at
+        once ask in any order; None takes the run's next seed)."""
+        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
         if prompt_ids is not None:
             generation = await self.server.completion(prompt=prompt_ids, **params)
         else:
             generation = await self.server.chat_completion(messages=messages, **params)
-        return generation.choices[0]
+        return list(generation.choices)
 
     async def setup(self) -> None:
         self._train = self.items("train")

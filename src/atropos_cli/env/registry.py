@@ -39,6 +39,7 @@ BUNDLED_PACKAGE = "atropos_cli.envs"
 ADAPTERS: dict[str, str] = {
     "gym": "atropos_cli.adapters.gym",
     "harness": "atropos_cli.adapters.harness",
+    "nemogym": "atropos_cli.adapters.nemogym",
     "openenv": "atropos_cli.adapters.openenv",
     "ors": "atropos_cli.adapters.ors",
     "vf": "atropos_cli.adapters.vf",

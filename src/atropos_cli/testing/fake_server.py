@@ -127,6 +127,7 @@ class FakeInferenceServer:
         max_body_mb: float = 64.0,
         tokenizer: str | None = None,
         tokenizer_ids: bool = False,
+        whole_chat: bool = False,
         host: str = "127.0.0.1",
         port: int = 0,
         allowed_hosts: list[str] | None = None,
@@ -146,6 +147,7 @@ class FakeInferenceServer:
         self.tokenizer = tokenizer  # a tokenizer dir: adds vLLM's native POST /generate (fake_generate.py)
         # with the tokenizer: /v1/completions reads token-id prompts and answers in its ids, as vLLM does
         self.tokenizer_ids = tokenizer_ids and tokenizer is not None
+        self.whole_chat = whole_chat  # the rule reads a chat request's whole chat (render_chat), not its last user turn
         self.version = 0
         self.host = host
         self.port = port
@@ -276,6 +278,8 @@ class FakeInferenceServer:
     def chat_body(self, req: ChatRequest) -> dict[str, Any]:
         users = [m for m in req.messages if m.role == "user"]
         prompt = users[-1].text() if users else ""
+        if self.whole_chat:
+            prompt = render_chat([m.for_template() for m in req.messages])
         want_ids = self.return_tokens and req.return_token_ids
         choices = []
         for index, (text, finish) in enumerate(self._choices(prompt, req.n, req.budget, req.stop)):

@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import tempfile
-import time
-import weakref
 from pathlib import Path
-from typing import Any
 
+from atropos_cli.adapters.childserver import ChildServer
 from atropos_cli.errors import EnvLoadError
+from atropos_cli.testing import free_port
 
 __all__ = ["LocalServer", "app_path", "is_url"]
 
@@ -41,23 +38,6 @@ def app_path(package: str) -> str:
     return f"{package}.server.app:app"
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes], log_dir: str) -> None:
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(timeout=10)
-    shutil.rmtree(log_dir, ignore_errors=True)
-
-
 class LocalServer:
     """One env server process; `url` once `start()` returned. Stopped by `stop()`, or when garbage-collected.
 
@@ -71,8 +51,10 @@ class LocalServer:
         self.app = self.resolve(package)
         self.python = python or os.environ.get(self.python_var) or sys.executable
         self.url = ""
-        self._process: subprocess.Popen[bytes] | None = None
-        self._finalizer: Any = None
+        self._server = ChildServer(
+            f"the {self.kind} server {self.app}",
+            f"is the package installed for --env.python (or ${self.python_var})?",
+        )
 
     @classmethod
     def resolve(cls, package: str) -> str:
@@ -99,44 +81,10 @@ class LocalServer:
 
     def start(self, timeout_s: float) -> str:
         self.check()
-        port = _free_port()
-        log_dir = tempfile.mkdtemp(prefix=f"atropos-{self.kind.lower()}-")
-        log = Path(log_dir) / "server.log"
-        with log.open("wb") as out:
-            self._process = subprocess.Popen(
-                self.command(port), stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        self._finalizer = weakref.finalize(self, _stop, self._process, log_dir)
+        port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self._wait_healthy(log, timeout_s)
+        self._server.start(self.command(port), self.url, timeout_s)
         return self.url
 
     def stop(self) -> None:
-        if self._finalizer is not None:
-            self._finalizer()
-
-    def _wait_healthy(self, log: Path, timeout_s: float) -> None:
-        import httpx
-
-        assert self._process is not None
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-                self.stop()
-                raise EnvLoadError(
-                    f"the {self.kind} server {self.app} exited with code {self._process.returncode}: "
-                    + (" | ".join(tail) or "no output"),
-                    hint=f"is the package installed for --env.python (or ${self.python_var})?",
-                )
-            try:
-                if httpx.get(self.url + "/health", timeout=2.0).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)  # polling a starting process, bounded by the deadline above
-        self.stop()
-        raise EnvLoadError(
-            f"the {self.kind} server {self.app} did not answer GET /health within {timeout_s:g}s",
-            hint="raise --env.startup_timeout_s",
-        )
+        self._server.stop()
