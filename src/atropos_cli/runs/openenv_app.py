@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
@@ -30,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from atropos_cli.errors import AtroposError, ConfigError
 from atropos_cli.httpguard import BearerAuth, BodyLimit, BrowserGuard, HostPolicy
 from atropos_cli.httpserve import WsLimits, WsSessions
-from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
+from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation, env_lifespan
 from atropos_cli.types import Message
 
 __all__ = ["ExportAction", "ExportObservation", "ExportState", "create_openenv_app", "MAX_BODY_BYTES"]
@@ -150,23 +149,12 @@ def create_openenv_app(
             "serving OpenEnv needs a WebSocket library for uvicorn (OpenEnv's clients play over /ws)",
             hint="pip install websockets (atropos depends on it: reinstall atropos)",
         )
-    from atropos_cli.runs.envcall import call_env
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        try:
-            await call_env(exported.env, "setup", exported.env.setup())
-        except AtroposError as exc:
-            if on_error is None:
-                raise
-            on_error(exc)
-            yield
-            return
-        if on_ready is not None:
-            on_ready()
-        yield
+    async def cleanup() -> None:
         http.close()
         await exported.env.server.aclose()
+
+    lifespan = env_lifespan(exported, on_ready, on_error, cleanup)
 
     app = FastAPI(
         title=f"OpenEnv: {exported.env.name} (atropos export)", version=str(exported.env.version), lifespan=lifespan

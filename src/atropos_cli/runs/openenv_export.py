@@ -22,8 +22,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import itertools
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -274,6 +274,37 @@ def _bridged(bridge: BridgeBackend) -> Iterator[None]:
         yield
     finally:
         factory.make_backend = original
+
+
+def env_lifespan(
+    exported: Exported,
+    on_ready: Callable[[], None] | None,
+    on_error: Callable[[AtroposError], None] | None,
+    cleanup: Callable[[], Any],
+) -> Callable[[Any], Any]:
+    """A served env's FastAPI lifespan: the env's `setup()` at startup (in the server's event loop; a failure goes
+    to `on_error`, which stops the server and reports it, or raises without one), then `on_ready`; at shutdown
+    `cleanup()` (awaited when it returns an awaitable)."""
+    from atropos_cli.runs.envcall import call_env
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        try:
+            await call_env(exported.env, "setup", exported.env.setup())
+        except AtroposError as exc:
+            if on_error is None:
+                raise
+            on_error(exc)
+            yield
+            return
+        if on_ready is not None:
+            on_ready()
+        yield
+        done = cleanup()
+        if asyncio.iscoroutine(done):
+            await done
+
+    return lifespan
 
 
 def build_exported_env(env_spec: str, dotted_args: list[str], config_path: str | None) -> Exported:

@@ -29,7 +29,6 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,7 +40,7 @@ from atropos_cli.env.multiturn import chat_added
 from atropos_cli.errors import AtroposError
 from atropos_cli.httpguard import BearerAuth, BodyLimit, BrowserGuard, HostPolicy
 from atropos_cli.httpserve import SessionLimits
-from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation
+from atropos_cli.runs.openenv_export import Episode, EpisodeError, Exported, Observation, env_lifespan
 from atropos_cli.runs.ors_tasks import OrsTasks
 from atropos_cli.types import Message
 
@@ -155,28 +154,17 @@ def create_ors_app(
     """The FastAPI app serving `exported` over ORS (`tasks`: the train split's size). The env's `setup()`
     runs at startup; when it fails, `on_error` gets the error (the caller stops the server and reports it;
     without one it raises)."""
-    from atropos_cli.runs.envcall import call_env
 
     sessions = Sessions(limits or SessionLimits())
     train_tasks = (tasks or OrsTasks()).train_tasks
     env_name = "".join(c if c.isalnum() or c in "-_." else "_" for c in exported.env.name).lower() or "env"
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        try:
-            await call_env(exported.env, "setup", exported.env.setup())
-        except AtroposError as exc:
-            if on_error is None:
-                raise
-            on_error(exc)
-            yield
-            return
-        if on_ready is not None:
-            on_ready()
-        yield
+    async def cleanup() -> None:
         for sid in list(sessions.open):
             sessions.end(sid)
         await exported.env.server.aclose()
+
+    lifespan = env_lifespan(exported, on_ready, on_error, cleanup)
 
     title = f"ORS: {exported.env.name} (atropos export)"
     app = FastAPI(title=title, version=str(exported.env.version), lifespan=lifespan)
