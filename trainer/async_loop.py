@@ -334,7 +334,7 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
 
     rollouts = EnvRollouts(  # every engine walks the one item stream and samples its share of each step's items
         opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, index, roles.engines,
-        on_exhausted=opts.on_exhausted,
+        on_exhausted=opts.on_exhausted, tokenizer=config.model,
     )  # fmt: skip
     try:
         if receiver.wait_for(0, opts.dist_timeout):

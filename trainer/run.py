@@ -197,7 +197,7 @@ def _source(
     rank, world = (dist.rank, dist.world) if dist is not None and opts.inference == "local" else (0, 1)
     rollouts = EnvRollouts(
         opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, rank=rank, world=world,
-        on_exhausted=opts.on_exhausted, on_event=on_event,
+        on_exhausted=opts.on_exhausted, on_event=on_event, tokenizer=config.model,
     )  # fmt: skip
     stack.callback(rollouts.close)
     if colocated is not None:

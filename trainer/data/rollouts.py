@@ -1,7 +1,8 @@
 """The one-command loop's producer: env workers sampling groups from the inference engine, in-process.
 
 Where it sits: `atropos train ENV` builds an `EnvRollouts` (the env with its layered config, on the local
-transformers engine, a vLLM server we launch, or a user's server) and hands `EnvRollouts.batches()` to
+transformers engine, a vLLM server we launch, or a user's server; built as `atropos process` builds it, so an
+Atropos env file's own constructor runs, and it tokenizes with the trained model's tokenizer) and hands `EnvRollouts.batches()` to
 `grpo.train` as its batch iterator. Each step collects `groups_per_step` items concurrently (asyncio tasks
 over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
 synced, and only then is the next step collected: every group is sampled from the weights of the step before
@@ -48,13 +49,17 @@ class EnvRollouts:
         world: int = 1,
         on_exhausted: str = "cycle",
         on_event: Callable[[str], None] = lambda _: None,
+        tokenizer: str | None = None,
     ) -> None:
-        from atropos_cli.env.loading import resolve_run_config
-        from atropos_cli.inference.router import ServerManager
+        from atropos_cli.env.loading import build_env, resolve_run_config
+        from atropos_cli.inference.factory import serving
 
         self.loop = asyncio.new_event_loop()
+        overrides: dict[str, dict[str, Any]] = {"openai": server}
+        if tokenizer is not None:  # the env tokenizes with the trained model's tokenizer (an Atropos env's
+            overrides["env"] = {"tokenizer_name": tokenizer}  # config names a hub one by default)
         env_cls, self.run_config, self.env_config = resolve_run_config(
-            env_spec, dotted_args, config_path, overrides={"openai": server}
+            env_spec, dotted_args, config_path, overrides=overrides
         )
         servers = self.run_config.openai
         if backend is None and servers[0].server_type == "local":
@@ -62,8 +67,11 @@ class EnvRollouts:
 
             backend = LocalBackend(servers[0])
         self.backend = backend
-        self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
-        self.env = env_cls(self.env_config, self.manager)
+        # the env builds itself as `process` builds it (an Atropos env: its own constructor over server configs);
+        # its local servers are this engine, whose weights the trainer updates
+        with serving(servers[0].model_name, backend) if backend is not None else contextlib.nullcontext():
+            self.env = build_env(env_cls, self.run_config, self.env_config)
+        self.manager = self.env.server
         self.counts = RolloutCounts()
         # every rank walks the one stream (the same seed everywhere) and keeps its share of each step's items;
         # when the env's items run out, every rank starts them over (or stops) at the same item
