@@ -55,8 +55,10 @@ class GRPOConfig(BaseModel):
     distill_token_ids/distill_logprobs, e.g. from a TeacherDistillationEnv)."""
     kl_estimator: Literal["k1", "k3"] | None = None
     """KL estimator (default: the preset's, k3)."""
-    is_mode: Literal["none", "truncate", "mask"] | None = None
-    """Train/inference importance-sampling correction (default: the preset's, none)."""
+    is_mode: Literal["none", "truncate", "mask", "decoupled", "stable"] | None = None
+    """Off-policy correction by ρ = π_old/μ per token: truncate (TIS, min(ρ, C)), mask (IcePop, tokens with ρ
+    outside [C_min, C]), decoupled (decoupled PPO, ρ untruncated), stable (min(ρ, C), sequences too far from
+    the sampler dropped, a KL pull toward it); docs/training-async.md (default: the preset's, none)."""
     is_max: float | None = None
     """Upper bound C of the IS weight (default: the preset's, 2.0)."""
     is_min: float | None = None
