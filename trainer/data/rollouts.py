@@ -2,19 +2,19 @@
 
 Where it sits: `atropos train ENV` builds an `EnvRollouts` (the env with its layered config, on the local
 transformers engine, a vLLM server we launch, or a user's server; built as `atropos process` builds it, so an
-Atropos env file's own constructor runs, and it tokenizes with the trained model's tokenizer) and hands `EnvRollouts.batches()` to
-`grpo.train` as its batch iterator. Each step collects `groups_per_step` items concurrently (asyncio tasks
-over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
-synced, and only then is the next step collected: every group is sampled from the weights of the step before
-it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the stream, so
-the same --seed samples the same rollouts from the same weights. On several ranks (data-parallel ranks, or the
-engine ranks of `--inference-gpus`) the items come from one stream: every rank walks it and collects only its
-share of each step's items (`item_stream.py`). The step's rows are announced to an in-process
-engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
-never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
-When the env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch,
-announced) and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval
-split on the engine's current weights (`atropos train --eval-every`).
+Atropos env file's own constructor runs, and it tokenizes with the trained model's tokenizer) and hands
+`EnvRollouts.batches()` to `grpo.train` as its batch iterator. Each step collects `groups_per_step` items
+concurrently (asyncio tasks over the env's `collect_group`, the same code `atropos process` runs), the trainer
+steps, the weights are synced, and only then is the next step collected: every group is sampled from the weights
+of the step before it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the
+stream, so the same --seed samples the same rollouts from the same weights. On several ranks (data-parallel ranks,
+or the engine ranks of `--inference-gpus`) the items come from one stream: every rank walks it and collects only
+its share of each step's items (`item_stream.py`). The step's rows are announced to an in-process engine
+beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted, never
+dropped silently; groups without token ids are refused with a hint, since they cannot be trained on. When the
+env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch, announced)
+and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval split on the
+engine's current weights (`atropos train --eval-every`).
 """
 
 from __future__ import annotations
