@@ -362,7 +362,7 @@ def run_training(
         if dist is not None and opts.inference_gpus:  # the disaggregated loop: this rank trains or samples
             from .async_loop import engine_loop, split_roles
 
-            roles = split_roles(dist, opts.inference_gpus, opts.dist_timeout)
+            roles = split_roles(dist, int(opts.inference_gpus), opts.dist_timeout)  # "auto": resolved (check_async)
             if roles.is_engine:
                 summary = RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
             else:
