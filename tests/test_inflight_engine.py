@@ -19,10 +19,13 @@ def _new_weights(model) -> dict[str, torch.Tensor]:
     return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
 
 
-def _mixed_logprobs(prompt: list[int], tokens: list[int], first_new: int, new: dict) -> torch.Tensor:
-    """Each token's logprob when tokens[:first_new] came from the old weights and the rest from `new` reading
-    the old weights' cache: the old model runs prompt + tokens[:first_new - 1], the new one continues."""
+def _mixed_logprobs(prompt: list[int], tokens: list[int], first_new: int, new: dict, old: dict | None = None):
+    """Each token's logprob when tokens[:first_new] came from the old weights (`old`, else the CPU build's) and
+    the rest from `new` reading the old weights' cache: the old model runs prompt + tokens[:first_new - 1], the
+    new one continues."""
     model = build("llama", VOCAB, tiny=True, attn_implementation="eager")
+    if old is not None:
+        model.load_state_dict(old)
     seq = prompt + tokens
     cut = len(prompt) + first_new - 1  # the input of the first forward after the swap
     from transformers import DynamicCache

@@ -18,6 +18,7 @@ SYNC = 8  # the engine's default replay length
 
 def test_a_version_swapped_between_replays_on_cuda(cuda):
     model = build("llama", VOCAB, tiny=True, device=cuda)
+    old = {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}  # CUDA's init differs from CPU's
     new = {k: v.to(cuda) for k, v in _new_weights(build("llama", VOCAB, tiny=True)).items()}
     prompts = [p[:12] for p in sequences(2, seed=3)]
     rows = [RowRequest(prompt_ids=p, max_new_tokens=40, temperature=t, seed=5 * i + j)
@@ -39,7 +40,7 @@ def test_a_version_swapped_between_replays_on_cuda(cuda):
     for row, result in zip(rows, results, strict=True):
         assert result.versions == [0] * first_new + [1] * (40 - first_new)
         got = torch.tensor(result.logprobs)
-        mixed = _mixed_logprobs(row.prompt_ids, result.token_ids, first_new, cpu_new)
+        mixed = _mixed_logprobs(row.prompt_ids, result.token_ids, first_new, cpu_new, old)
         assert (got - mixed).abs().max().item() < 5e-3
         recomputed = _recomputed_logprobs(row.prompt_ids, result.token_ids, cpu_new)[first_new:]
         assert (got[first_new:] - recomputed).abs().max().item() > 0.1
