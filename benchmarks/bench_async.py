@@ -4,7 +4,9 @@ Rows, each one `atropos train ENV` launch (torchrun, 2 ranks) on the same machin
 - `sync`: `--nproc-per-node 2`: both ranks sample their share of a step's groups on their own local engine,
   then both train (FSDP2), then the weights are copied into each engine (the one-command loop today);
 - `async S`: `--nproc-per-node 2 --inference-gpus 1 --max-staleness S`: rank 0 trains, rank 1 only samples,
-  weights pushed over NCCL after every step (S=0: the same schedule as sync; S=1: generation overlaps training).
+  weights pushed over NCCL after every step (S=0: the same schedule as sync; S=1: generation overlaps training);
+- `async S CORRECTION`: the same with `--is-correction CORRECTION` (none, truncate, mask, decoupled, stable:
+  the off-policy corrections of docs/training-async.md; without it, S > 0 trains with truncate).
 
 For each model x env: steps/s and trained tokens/s (prompt + completion) over the wall clock of the steps
 after `--warmup` (those pay for compilation and graph capture), mean reward of the first and last steps, mean
@@ -64,14 +66,16 @@ def model_dir(name: str, work: Path) -> tuple[str, float]:
 
 
 def run_row(mode: str, model: str, lr: float, env: str, env_flags: list[str], args, work: Path) -> dict:
-    out = work / f"run-{Path(model).name}-{Path(env).stem}-{mode.replace(' ', '')}"
+    out = work / f"run-{Path(model).name}-{Path(env).stem}-{mode.replace(' ', '')}-seed{args.seed}"
     flags = ["--nproc-per-node", "2"]
     if mode.startswith("async"):
-        flags += ["--inference-gpus", "1", "--max-staleness", mode.split()[1]]
+        parts = mode.split()
+        flags += ["--inference-gpus", "1", "--max-staleness", parts[1]]
+        flags += ["--is-correction", parts[2]] if len(parts) > 2 else []
     cmd = [
         sys.executable, "-m", "atropos_cli", "train", env, "--model", model, "--out", str(out), "--lr", str(lr),
         "--steps", str(args.steps), "--groups-per-step", str(args.groups), "--env.group_size", str(args.group_size),
-        "--save-every", "0", "--device", args.device, "--seed", "0", *env_flags, *flags,
+        "--save-every", "0", "--device", args.device, "--seed", str(args.seed), *env_flags, *flags,
     ]  # fmt: skip
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
@@ -148,13 +152,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", default="0.5b,tiny", help="0.5b (random, throughput) and/or tiny (learns)")
     parser.add_argument("--envs", default="arithmetic,count")
-    parser.add_argument("--modes", default="sync,async 0,async 1", help="sync and/or 'async S' rows")
+    parser.add_argument("--modes", default="sync,async 0,async 1", help="sync, 'async S', 'async S CORRECTION' rows")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--groups", type=int, default=32)
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--long-tokens", type=int, default=512, help="the count env's completion budget")
     parser.add_argument("--timeout", type=float, default=3600)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from atropos_cli.trainer.step.losses import Normaliser, loss_config, policy_loss
+from atropos_cli.trainer.step.losses import LossStats, Normaliser, loss_config, policy_loss
 
 # Two rollouts: the first trains 2 tokens (advantage +1), the second 1 token (advantage -1); column 2 of the
 # second row is padding.
@@ -126,6 +126,34 @@ def test_masked_importance_sampling_drops_outliers():
     policy_loss(logp, ADV, MASK, cfg, NORM, inference_logp=inf).backward()
     # 3.0 and 0.1 lie outside [0.2, 2]: those tokens contribute nothing; 0.5 weights its token by 0.5
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -0.5 / 3, 0.0], [0.0, 0.0, 0.0]]), rtol=1e-5)
+
+
+def test_decoupled_ppo_weights_tokens_by_the_untruncated_ratio():
+    logp = _logp()
+    inf = logp.detach() - torch.log(torch.tensor([[3.0, 0.5, 1.0], [0.1, 1.0, 1.0]]))
+    loss = policy_loss(logp, ADV, MASK, loss_config("dapo", is_mode="decoupled"), NORM, inference_logp=inf)
+    loss.backward()
+    # weights ρ = 3.0, 0.5 (advantage +1), 0.1 (advantage -1), token-mean over 3 tokens, r = 1
+    assert torch.allclose(logp.grad, torch.tensor([[-1.0, -0.5 / 3, 0.0], [0.1 / 3, 0.0, 0.0]]), rtol=1e-5)
+    assert loss.item() == pytest.approx(-(3.0 + 0.5 - 0.1) / 3, rel=1e-5)
+
+
+def test_stable_drops_sequences_far_from_the_sampler_and_pulls_toward_it():
+    logp = _logp()
+    rho = torch.tensor([[3.0, 0.5, 1.0], [1.05, 1.0, 1.0]])
+    inf = logp.detach() - torch.log(rho)
+    cfg = loss_config("dapo", is_mode="stable", is_max=2.0)  # stable_seq_kl 0.05, stable_kl 0.01
+    stats = LossStats()
+    loss = policy_loss(logp, ADV, MASK, cfg, NORM, inference_logp=inf, stats=stats)
+    loss.backward()
+    # row 0's divergence mean(ρ - 1 - ln ρ) = ((2 - ln 3) + (-0.5 + ln 2)) / 2 = 0.547 > 0.05: dropped whole;
+    # row 1's = 0.05 - ln 1.05 = 0.0012: kept, weight min(1.05, 2) = 1.05, advantage -1
+    # the pull: 0.01 * (1/ρ + ln ρ - 1) per token, token-mean; its gradient 0.01 * (1 - 1/ρ) / 3
+    pull = [1 / r + math.log(r) - 1 for r in (3.0, 0.5, 1.05)]
+    assert loss.item() == pytest.approx(1.05 / 3 + 0.01 * sum(pull) / 3, rel=1e-5)
+    grad = [[0.01 * (1 - 1 / 3.0) / 3, 0.01 * (1 - 1 / 0.5) / 3, 0.0], [1.05 / 3 + 0.01 * (1 - 1 / 1.05) / 3, 0.0, 0.0]]
+    assert torch.allclose(logp.grad, torch.tensor(grad), rtol=1e-5)
+    assert stats.floats()["is_rejected_tokens"] == 2.0  # row 0's two tokens
 
 
 @pytest.mark.parametrize("name", ["grpo", "dapo", "dr_grpo", "gspo", "cispo"])

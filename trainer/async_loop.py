@@ -294,7 +294,7 @@ def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: 
     pusher = WeightPusher(roles.control, roles.data, 0, is_src, dtype, trainer.device)
     if opts.max_staleness and trainer.loss_cfg.is_mode == "none" and trainer.config.is_mode is None:
         trainer.loss_cfg = replace(trainer.loss_cfg, is_mode="truncate")  # stale rollouts: correct by π_old/μ
-        on_event("--max-staleness > 0: the importance-sampling correction is on (is_mode truncate; --is-mode sets it)")
+        on_event("--max-staleness > 0: the importance-sampling correction is on (truncate; --is-correction sets it)")
     feed = None
     if is_src:
         feed = EngineFeed(roles, opts.groups_per_step, opts.max_staleness, roles.world._stop, on_event)
@@ -334,7 +334,7 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
 
     rollouts = EnvRollouts(  # every engine walks the one item stream and samples its share of each step's items
         opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, index, roles.engines,
-        on_exhausted=opts.on_exhausted,
+        on_exhausted=opts.on_exhausted, tokenizer=config.model,
     )  # fmt: skip
     try:
         if receiver.wait_for(0, opts.dist_timeout):

@@ -9,9 +9,9 @@ compared on --resume. Layers: field defaults < the `train:` section of `--config
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from atropos_cli.resources import DEFAULT_MODEL
 
@@ -55,8 +55,10 @@ class GRPOConfig(BaseModel):
     distill_token_ids/distill_logprobs, e.g. from a TeacherDistillationEnv)."""
     kl_estimator: Literal["k1", "k3"] | None = None
     """KL estimator (default: the preset's, k3)."""
-    is_mode: Literal["none", "truncate", "mask"] | None = None
-    """Train/inference importance-sampling correction (default: the preset's, none)."""
+    is_mode: Literal["none", "truncate", "mask", "decoupled", "stable"] | None = None
+    """Off-policy correction by ρ = π_old/μ per token: truncate (TIS, min(ρ, C)), mask (IcePop, tokens with ρ
+    outside [C_min, C]), decoupled (decoupled PPO, ρ untruncated), stable (min(ρ, C), sequences too far from
+    the sampler dropped, a KL pull toward it); docs/training-async.md (default: the preset's, none)."""
     is_max: float | None = None
     """Upper bound C of the IS weight (default: the preset's, 2.0)."""
     is_min: float | None = None
@@ -216,9 +218,11 @@ class RunOptions(BaseModel):
     nproc_per_node: int = Field(1, ge=1)
     """Processes (one per GPU) on this node: >1 launches the run through torchrun and shards the model with
     FSDP2. For several nodes use torchrun itself: torchrun --nnodes M --nproc-per-node N -m atropos_cli train."""
-    inference_gpus: int = Field(0, ge=0)
+    inference_gpus: Annotated[int, Field(ge=0)] | Literal["auto"] = 0
     """Many-GPU runs: ranks (the last K of --nproc-per-node) that only generate rollouts with the local engine
-    while the others train; weights go to them over NCCL after every step (0: every rank samples, then trains)."""
+    while the others train; weights go to them over NCCL after every step (0: every rank samples, then trains).
+    auto: the K that balances the generation and training times measured in OUT/metrics.jsonl (with --resume
+    after a few steps), printed."""
     max_staleness: int = Field(0, ge=0)
     """With --inference-gpus: steps a rollout's policy may lag the policy it trains (0: on-policy, the
     synchronous schedule; >0: generation overlaps training, with the IS correction on unless --is-mode says)."""
@@ -239,6 +243,13 @@ class RunOptions(BaseModel):
     tensorboard: bool = False
     """Also log to TensorBoard (needs tensorboard)."""
 
+    @field_validator("inference_gpus", mode="before")
+    @classmethod
+    def _number_or_auto(cls, value: Any) -> Any:
+        if isinstance(value, str) and value != "auto" and not value.strip().isdigit():
+            raise ValueError("a number of GPUs or auto")
+        return value
+
     def check_async(self) -> None:
         """The disaggregated loop's flags fit together, and --eval-every has an env to evaluate (a ConfigError
         with a hint otherwise)."""
@@ -251,6 +262,8 @@ class RunOptions(BaseModel):
             )
 
         k = self.inference_gpus
+        if k == "auto":  # resolved to a number from measured times first (scale/split.py: auto_split)
+            raise ConfigError("--inference-gpus auto was not resolved", hint="resolve it with auto_split first")
         if self.max_staleness and not k:
             raise ConfigError("--max-staleness needs --inference-gpus", hint="add --inference-gpus 1 (or more)")
         if not k:

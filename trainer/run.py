@@ -197,7 +197,7 @@ def _source(
     rank, world = (dist.rank, dist.world) if dist is not None and opts.inference == "local" else (0, 1)
     rollouts = EnvRollouts(
         opts.env or "arithmetic", opts.dotted_args, opts.env_config_path, server, backend, rank=rank, world=world,
-        on_exhausted=opts.on_exhausted, on_event=on_event,
+        on_exhausted=opts.on_exhausted, on_event=on_event, tokenizer=config.model,
     )  # fmt: skip
     stack.callback(rollouts.close)
     if colocated is not None:
@@ -362,7 +362,7 @@ def run_training(
         if dist is not None and opts.inference_gpus:  # the disaggregated loop: this rank trains or samples
             from .async_loop import engine_loop, split_roles
 
-            roles = split_roles(dist, opts.inference_gpus, opts.dist_timeout)
+            roles = split_roles(dist, int(opts.inference_gpus), opts.dist_timeout)  # "auto": resolved (check_async)
             if roles.is_engine:
                 summary = RunSummary(steps=0, checkpoint=None, interrupted=engine_loop(opts, config, roles))
             else:

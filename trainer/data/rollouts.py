@@ -1,19 +1,20 @@
 """The one-command loop's producer: env workers sampling groups from the inference engine, in-process.
 
 Where it sits: `atropos train ENV` builds an `EnvRollouts` (the env with its layered config, on the local
-transformers engine, a vLLM server we launch, or a user's server) and hands `EnvRollouts.batches()` to
-`grpo.train` as its batch iterator. Each step collects `groups_per_step` items concurrently (asyncio tasks
-over the env's `collect_group`, the same code `atropos process` runs), the trainer steps, the weights are
-synced, and only then is the next step collected: every group is sampled from the weights of the step before
-it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the stream, so
-the same --seed samples the same rollouts from the same weights. On several ranks (data-parallel ranks, or the
-engine ranks of `--inference-gpus`) the items come from one stream: every rank walks it and collects only its
-share of each step's items (`item_stream.py`). The step's rows are announced to an in-process
-engine beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted,
-never dropped silently; groups without token ids are refused with a hint, since they cannot be trained on.
-When the env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch,
-announced) and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval
-split on the engine's current weights (`atropos train --eval-every`).
+transformers engine, a vLLM server we launch, or a user's server; built as `atropos process` builds it, so an
+Atropos env file's own constructor runs, and it tokenizes with the trained model's tokenizer) and hands
+`EnvRollouts.batches()` to `grpo.train` as its batch iterator. Each step collects `groups_per_step` items
+concurrently (asyncio tasks over the env's `collect_group`, the same code `atropos process` runs), the trainer
+steps, the weights are synced, and only then is the next step collected: every group is sampled from the weights
+of the step before it (on-policy). Each item's requests are seeded from the env's seed and the item's index in the
+stream, so the same --seed samples the same rollouts from the same weights. On several ranks (data-parallel ranks,
+or the engine ranks of `--inference-gpus`) the items come from one stream: every rank walks it and collects only
+its share of each step's items (`item_stream.py`). The step's rows are announced to an in-process engine
+beforehand (`LocalBackend.expecting`), so they are sampled as one batch. Failed rollouts are counted, never
+dropped silently; groups without token ids are refused with a hint, since they cannot be trained on. When the
+env's items run out, `on_exhausted` "cycle" starts them over (`BaseEnv.restart_items`: one more epoch, announced)
+and "stop" ends the stream (`exhausted`, reported by the CLI). `evaluate()` scores the env's eval split on the
+engine's current weights (`atropos train --eval-every`).
 """
 
 from __future__ import annotations
@@ -48,13 +49,17 @@ class EnvRollouts:
         world: int = 1,
         on_exhausted: str = "cycle",
         on_event: Callable[[str], None] = lambda _: None,
+        tokenizer: str | None = None,
     ) -> None:
-        from atropos_cli.env.loading import resolve_run_config
-        from atropos_cli.inference.router import ServerManager
+        from atropos_cli.env.loading import build_env, resolve_run_config
+        from atropos_cli.inference.factory import serving
 
         self.loop = asyncio.new_event_loop()
+        overrides: dict[str, dict[str, Any]] = {"openai": server}
+        if tokenizer is not None:  # the env tokenizes with the trained model's tokenizer (an Atropos env's
+            overrides["env"] = {"tokenizer_name": tokenizer}  # config names a hub one by default)
         env_cls, self.run_config, self.env_config = resolve_run_config(
-            env_spec, dotted_args, config_path, overrides={"openai": server}
+            env_spec, dotted_args, config_path, overrides=overrides
         )
         servers = self.run_config.openai
         if backend is None and servers[0].server_type == "local":
@@ -62,8 +67,11 @@ class EnvRollouts:
 
             backend = LocalBackend(servers[0])
         self.backend = backend
-        self.manager = ServerManager(servers, backends=[backend] if backend is not None else None)
-        self.env = env_cls(self.env_config, self.manager)
+        # the env builds itself as `process` builds it (an Atropos env: its own constructor over server configs);
+        # its local servers are this engine, whose weights the trainer updates
+        with serving(servers[0].model_name, backend) if backend is not None else contextlib.nullcontext():
+            self.env = build_env(env_cls, self.run_config, self.env_config)
+        self.manager = self.env.server
         self.counts = RolloutCounts()
         # every rank walks the one stream (the same seed everywhere) and keeps its share of each step's items;
         # when the env's items run out, every rank starts them over (or stops) at the same item

@@ -14,8 +14,17 @@ A = advantage, ε_low/ε_high = clip range, μ = the inference policy that sampl
   gradient; no token's gradient is ever dropped).
 
 Add-ons, for every preset: KL to a reference policy (k1 = log π_θ/π_ref, k3 = π_ref/π_θ - log(π_ref/π_θ) - 1)
-times β; and the train/inference importance-sampling correction ρ = π_old/μ from `inference_logprobs`, either
-truncated (weight min(ρ, C)) or masked (tokens with ρ outside [C_min, C_max] contribute nothing; "IcePop").
+times β; and the off-policy correction (`is_mode`) by ρ = π_old/μ per token from `inference_logprobs` (μ: the
+weights that sampled the token, maybe several versions old; π_old: the trainer's own log-probs of the batch,
+which is also the clip's centre, i.e. the proximal policy of decoupled PPO):
+- **truncate** (TIS): weight min(ρ, C);
+- **mask** (IcePop): weight ρ where C_min ≤ ρ ≤ C_max, else the token contributes nothing;
+- **decoupled** (decoupled PPO, Hilton et al. 2021): weight ρ itself, untruncated (unbiased, unbounded);
+- **stable** (in the spirit of the Tinker cookbook's async default, `stable_reinforce`): weight min(ρ, C) on the
+  sequences whose sampler/trainer divergence KL̂ = mean_t (ρ_t − 1 − log ρ_t) is at most `stable_seq_kl`
+  (others are dropped whole), plus `stable_kl` · (μ/π_θ − log(μ/π_θ) − 1) per token (the k3 term of the KL to
+  a reference, with μ as the reference), which pulls π_θ back toward the sampler.
+docs/training-async.md gives the formulas and their measured curves.
 
 Normalisation across micro-batches: each call returns its micro-batch's share of the whole step's loss
 (the divisor is the step's total sequence or token count), so summing the micro-batch losses — and their
@@ -43,7 +52,7 @@ __all__ = [
 Aggregation = Literal["seq_mean", "token_mean", "constant"]
 Level = Literal["token", "sequence"]
 Surrogate = Literal["ppo_clip", "cispo"]
-ISMode = Literal["none", "truncate", "mask"]
+ISMode = Literal["none", "truncate", "mask", "decoupled", "stable"]
 KLKind = Literal["k1", "k3"]
 
 
@@ -64,6 +73,8 @@ class LossConfig:
     is_mode: ISMode = "none"
     is_max: float = 2.0  # C_max of the train/inference IS weight
     is_min: float = 0.0  # C_min (masked mode only: ρ below it is masked)
+    stable_seq_kl: float = 0.05  # stable mode: a sequence whose mean k3(ρ) is above this is dropped
+    stable_kl: float = 0.01  # stable mode: weight of the k3 penalty toward the sampler (μ as the reference)
     max_completion_len: int = 1024  # L_max of Dr. GRPO's constant normaliser
 
 
@@ -134,14 +145,22 @@ def _kl(logp: torch.Tensor, ref_logp: torch.Tensor, kind: KLKind) -> torch.Tenso
 
 
 def _is_weight(old_logp: torch.Tensor, inf_logp: torch.Tensor, mask: torch.Tensor, cfg: LossConfig):
-    """ρ = π_old/μ per token (or its geometric mean per sequence for sequence-level losses), corrected."""
+    """ρ = π_old/μ per token (or its geometric mean per sequence for sequence-level losses), corrected; and
+    which tokens the correction rejected (truncated, masked or dropped with their sequence)."""
     log_rho = (old_logp - inf_logp) * mask
+    token_log_rho = log_rho
+    lengths = mask.sum(-1).clamp_min(1.0)
     if cfg.level == "sequence":
-        lengths = mask.sum(-1).clamp_min(1.0)
         log_rho = (log_rho.sum(-1) / lengths).unsqueeze(-1).expand_as(mask)
     rho = torch.exp(log_rho)
     if cfg.is_mode == "truncate":
         return rho.clamp(max=cfg.is_max), (rho > cfg.is_max).float()
+    if cfg.is_mode == "decoupled":
+        return rho, torch.zeros_like(rho)
+    if cfg.is_mode == "stable":
+        divergence = ((torch.exp(token_log_rho) - 1.0 - token_log_rho) * mask).sum(-1) / lengths
+        keep = (divergence <= cfg.stable_seq_kl).float().unsqueeze(-1).expand_as(mask)
+        return rho.clamp(max=cfg.is_max) * keep, 1.0 - keep
     keep = ((rho >= cfg.is_min) & (rho <= cfg.is_max)).float()
     return rho * keep, 1.0 - keep
 
@@ -196,6 +215,8 @@ def policy_loss(
         if stats is not None:
             stats.add("is_rejected_tokens", (rejected * mask).sum())
     loss = -_aggregate(per_token, mask, cfg, norm)
+    if cfg.is_mode == "stable" and cfg.stable_kl > 0.0 and inference_logp is not None:
+        loss = loss + cfg.stable_kl * _aggregate(_kl(logp, inference_logp, "k3"), mask, cfg, norm)
     if cfg.kl_beta > 0.0 and ref_logp is not None:
         kl = _kl(logp, ref_logp, cfg.kl_estimator)
         loss = loss + cfg.kl_beta * _aggregate(kl, mask, cfg, norm)

@@ -6,8 +6,10 @@ Where it sits: on a `--inference-gpus` rank (`async_loop.py`) the env workers sa
   that lands mid-sequence takes effect at the next token, and the sequence continues under the new weights
   (its KV cache so far was computed by the old ones, as in PipelineRL's in-flight updates). Every forward of a
   batch produces token j of every row, so the version of token j is the version of forward j;
-- on CUDA (the static engine, whose decode steps replay a captured graph) before each batch: every token of
-  a batch has the batch's version.
+- on CUDA (the static engine, whose decode steps replay a captured graph) before each batch and between two
+  launches of decode steps (`StaticEngine.run(swap=...)`: every `sync_every` tokens): running rows keep their
+  KV cache and continue under the new weights, and the engine tags each token with the version of the launch
+  that produced it.
 Each sampled completion's versions are logged under its token ids; `tag_versions` then writes them into the
 groups the env built from those completions: `meta.rollouts[i].policy_versions` (one per trained token, in
 order) and `meta.policy_version` (the oldest version in the group, which bounds its staleness).
@@ -49,10 +51,15 @@ class VersionedBackend(LocalBackend):
             forwards, self._forwards = self._forwards, None
         for result in results:
             n = len(result.token_ids)
-            # the static engine (no per-forward record): the whole batch ran on the weights of its start
-            versions = forwards[:n] if forwards is not None and len(forwards) >= n else [version] * n
+            if result.versions is not None:  # the static engine's own tags (its swap points)
+                versions = result.versions
+            else:  # the CPU loop: token j came from forward j
+                versions = forwards[:n] if forwards is not None and len(forwards) >= n else [version] * n
             self.log.setdefault(tuple(result.token_ids), []).append(versions)
         return results
+
+    def _swap_point(self, model: Any) -> Any:
+        return lambda: self.swap(model)
 
 
 def trained_spans(mask: list[int]) -> list[tuple[int, int]]:

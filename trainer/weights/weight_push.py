@@ -10,8 +10,10 @@ place of every tensor, and the bucket sizes), so an engine knows what to receive
 On an engine rank a `WeightReceiver` thread receives into one of two bucket sets while the engine keeps
 generating; the received set becomes `pending`. The engine applies it at its next swap point (`apply`, called
 in the model thread between two decode steps: a plain copy into the model's tensors), so a forward never sees
-half-old, half-new weights. A newer push that lands before the older one was applied replaces it (the
-engine skips a version, it never goes back). A header with version -1 is the trainer's stop.
+half-old, half-new weights. On CUDA the copy is queued on the engine's stream (behind a decode replay in
+flight); the next push into the same bucket set waits for it on the GPU. A newer push that lands before the
+older one was applied replaces it (the engine skips a version, it never goes back). A header with version -1
+is the trainer's stop.
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ class WeightReceiver:
     _pending: _Received | None = None
     _sets: list[list[Any] | None] = field(default_factory=lambda: [None, None])
     _applying: int = -1  # the bucket set being copied into the model
+    _copied: list[Any] = field(default_factory=lambda: [None, None])  # CUDA: each set's last copy, as an event
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _thread: threading.Thread | None = None
     _stream: Any = None
@@ -178,6 +181,8 @@ class WeightReceiver:
                     break
                 self._cond.wait()
         slot = free[0]
+        if self._stream is not None and self._copied[slot] is not None:  # the copy out of this set may still be
+            self._stream.wait_event(self._copied[slot])  # queued behind a decode replay: receive after it (GPU side)
         buckets = self._sets[slot]
         if buckets is None or [b.numel() for b in buckets] != list(layout.bucket_numels):
             # both sets at once, at the first push: no allocation later, while the engine may capture a CUDA graph
@@ -223,6 +228,10 @@ class WeightReceiver:
                     for d in shape:
                         n *= d
                     state[key].copy_(got.buckets[index][offset : offset + n].view(shape))
+            if self._stream is not None:  # the copies are queued (maybe behind a replay in flight)
+                done = torch.cuda.Event()
+                done.record()
+                self._copied[self._applying] = done
         finally:
             with self._cond:
                 self._applying = -1

@@ -66,9 +66,14 @@ def _optional(annotation: Any) -> bool:
 
 
 def _python_type(name: str, annotation: Any) -> Any:
-    """The type Typer should parse: Literals become a str Enum (Typer shows and checks the choices), the rest
-    (`X | None`, lists, tuples) stays as it is."""
+    """The type Typer should parse: Literals become a str Enum (Typer shows and checks the choices); a number or
+    a word (`int | Literal["auto"]`) is read as text, which the model's validation turns into one or the other;
+    the rest (`X | None`, lists, tuples) stays as it is."""
     choices = _literal_choices(annotation)
+    if choices is None and get_origin(annotation) in _UNIONS:
+        parts = [a for a in get_args(annotation) if a is not type(None)]
+        if any(get_origin(a) is Literal for a in parts):
+            return str | None if _optional(annotation) else str
     if choices is None:
         return annotation
     choice = enum.Enum(name, {value: value for value in choices}, type=str)  # type: ignore[misc]

@@ -174,7 +174,8 @@ def train_command(
             from atropos_cli.quiet import verbose
             from atropos_cli.trainer.scale.launch import launch
 
-            launch(opts.nproc_per_node, sys.argv[1:], verbose(), opts.inference_gpus)  # each rank re-runs this command
+            argv = _with_split(sys.argv[1:], opts.inference_gpus)  # the ranks get auto's number, not "auto"
+            launch(opts.nproc_per_node, argv, verbose(), int(opts.inference_gpus))  # each rank re-runs this command
             return
         from atropos_cli.trainer.run import run_training
 
@@ -234,8 +235,26 @@ def _configs(values: dict[str, Any], env: str | None, out: Path | None, dotted: 
     grpo.loss_config()  # an unknown --loss fails here, before any model loads
     grpo.check_lora()  # and so do bad --lora-* values
     opts = validate_model(RunOptions, run_values, "train")
+    if opts.inference_gpus == "auto":  # from the steps OUT already trained; said once (the parent, or rank 0)
+        from atropos_cli.trainer.scale.split import auto_split
+
+        split = auto_split(Path(grpo.out), opts.nproc_per_node)
+        if _rank() == 0:
+            err_console.print(split.describe(), soft_wrap=True, markup=False)
+        opts = opts.model_copy(update={"inference_gpus": split.engines})
     opts.check_async()  # so do --inference-gpus / --max-staleness that do not fit, before torchrun starts
     return grpo, opts
+
+
+def _with_split(argv: list[str], engines: int | str) -> list[str]:
+    """`argv` with `--inference-gpus auto` replaced by the number it resolved to."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--inference-gpus" and i + 1 < len(out) and out[i + 1] == "auto":
+            out[i + 1] = str(engines)
+        elif arg == "--inference-gpus=auto":
+            out[i] = f"--inference-gpus={engines}"
+    return out
 
 
 def _report(summary: Any, asked: int) -> None:

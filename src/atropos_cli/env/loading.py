@@ -24,7 +24,7 @@ from atropos_cli.env.registry import resolve_env
 from atropos_cli.errors import AtroposError
 from atropos_cli.resources import DEFAULT_MODEL
 
-__all__ = ["LoadedEnv", "load_env", "resolve_run_config", "uses_default_local_model", "default_to_local"]
+__all__ = ["LoadedEnv", "load_env", "build_env", "resolve_run_config", "uses_default_local_model", "default_to_local"]
 
 
 @dataclass
@@ -124,15 +124,22 @@ def load_env(
     env_cls, run_config, env_config = resolve_run_config(
         env_spec, dotted_args, config_path, overrides, mode=mode, env_cls=env_cls
     )
+    env = build_env(env_cls, run_config, env_config)
+    return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)
+
+
+def build_env(env_cls: type[BaseEnv], run_config: RunConfig, env_config: EnvConfig) -> BaseEnv:
+    """The env as its class builds itself (ours: over a router of the servers; an Atropos env: its own
+    constructor, `(config, server_configs)`), after its cheap config checks; a constructor that raises is one
+    error line naming the env's file:line."""
     check = getattr(env_cls, "check_config", None)  # envs that are not ours may lack it
     if check is not None:
         check(env_config)
     try:
-        env = env_cls.build(env_config, run_config.openai, run_config.teacher)
+        return env_cls.build(env_config, run_config.openai, run_config.teacher)
     except AtroposError:
         raise
     except Exception as exc:
         raise env_error(
             env_cls, "__init__", exc, "fix the env's constructor (it runs with the resolved config)"
         ) from None
-    return LoadedEnv(env=env, env_config=env_config, servers=run_config.openai, run_config=run_config)

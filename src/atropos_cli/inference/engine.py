@@ -27,6 +27,13 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
   softmax and the sampler, so a step launches a few kernels a layer (measured 2.4x at batch 64 over the eager
   step; compiling layer by layer instead gave no gain). The price is compile time on the first call: one compile
   per engine shape and generation bucket.
+- **Weights change between decode steps.** `run(rows, swap=...)` calls `swap()` before each launch (and each
+  prefill): it may copy new weights into the model's tensors in place (the captured graphs read them where they
+  are) and returns the version the model now holds. Running rows keep their KV cache and go on under the new
+  weights (their earlier keys/values stay those of the old ones, as in PipelineRL's in-flight updates), so a
+  row can span versions: a partial rollout. Each token is tagged with the version of the launch (or prefill)
+  that produced it (`RowResult.versions`). On CUDA the copy is queued on the stream behind the replay in
+  flight, so that replay finishes on the old weights and the next one reads the new.
 - Sampling noise is a counter-based hash of (row seed, token index, vocab id): a seeded row gets the same noise
   whatever slot or batch it lands in. The [rows x vocabulary] part runs in int32 (`_mix32`, bit for bit the
   int64 hash: GPUs emulate int64 multiplies). Its tokens are bitwise the same across identical calls; alone vs batched
@@ -36,6 +43,7 @@ How (the serving tricks, for RL's shape: n rollouts of the same prompt):
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -448,6 +456,7 @@ class _Flight:
     host: tuple[Any, ...]
     event: Any
     slots: list[list[_Row] | None]
+    version: int | None = None  # the weights' version at launch (None: no swap points)
 
 
 @dataclass
@@ -456,6 +465,7 @@ class _Row:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     done: bool = False
+    versions: list[int] | None = None  # per token, when the call has swap points
 
 
 class StaticEngine:
@@ -515,6 +525,8 @@ class StaticEngine:
         else:
             self._step_fn = self._step
         self._step_sampler = sample_step if compile_step else self._sampler  # a compiled step fuses it itself
+        self._swap: Callable[[], int] | None = None  # this call's swap point (run)
+        self._version: int | None = None  # the weights' version the next launch runs on
 
     # -- the step (no host sync) ------------------------------------------------------------------------
     def _step(self, use_top_p: bool) -> None:
@@ -668,8 +680,9 @@ class StaticEngine:
         return row_slots
 
     # -- the call -----------------------------------------------------------------------------------------
-    def run(self, rows: list[RowRequest]) -> list[RowResult]:
-        """Sample every row (groups queue when there are more than group slots); results in row order."""
+    def run(self, rows: list[RowRequest], swap: Callable[[], int] | None = None) -> list[RowResult]:
+        """Sample every row (groups queue when there are more than group slots); results in row order. `swap`:
+        called between decode steps (see the module docstring); it returns the weights' version."""
         import contextlib
 
         import torch
@@ -677,6 +690,7 @@ class StaticEngine:
         # the model's GPU is made current for this call: it may run on a worker thread, whose current device is
         # cuda:0 whatever the process chose (a many-GPU run's rank on cuda:2 would capture its graphs on cuda:0)
         on_device = torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        self._swap, self._version = swap, None
         with on_device:
             return self._run(rows)
 
@@ -705,6 +719,8 @@ class StaticEngine:
         self.state["active"].zero_()
         flight: _Flight | None = None
         while True:
+            if self._swap is not None:  # new weights land here, between two launches
+                self._version = self._swap()
             self._fill(rows, queue, slots, results)
             ahead = 0 if flight is None else self.sync_every  # tokens the replay in flight adds to every live row
             needed = [
@@ -735,7 +751,7 @@ class StaticEngine:
         if self.device.type == "cuda":
             event = torch.cuda.Event()
             event.record()
-        return _Flight(host, event, list(slots))
+        return _Flight(host, event, list(slots), self._version)
 
     def _fill(self, rows: list[RowRequest], queue: list[list[int]], slots: list[list[_Row] | None], results) -> None:
         free = [i for i, g in enumerate(slots) if g is None]
@@ -758,6 +774,8 @@ class StaticEngine:
             members = []
             for j, i in enumerate(group):
                 member = _Row(i, [token_l[k]], [logp_l[k]])
+                if self._version is not None:
+                    member.versions = [self._version]
                 k += 1
                 members.append(member)
                 self._maybe_finish(rows, member, slot * self.shape.width + j, results, new_from=0)
@@ -781,6 +799,8 @@ class StaticEngine:
                     if a:
                         member.tokens.append(t)
                         member.logprobs.append(lp)
+                        if member.versions is not None and flight.version is not None:
+                            member.versions.append(flight.version)
                 self._maybe_finish(rows, member, slot * w + j, results, new_from=start)
             if slots[slot] is group and all(m.done for m in group):
                 slots[slot] = None
@@ -805,6 +825,8 @@ class StaticEngine:
             return
         result = results[member.index]
         result.token_ids, result.logprobs, result.finish_reason = member.tokens, member.logprobs, reason
+        if member.versions is not None:
+            result.versions = member.versions[: len(member.tokens)]
         if cut is not None:
             result.text = cut[1]
         else:

@@ -335,8 +335,13 @@ class LocalBackend:
         state = self._state  # read once: a reload during this batch takes effect at the next one
         fast = state.model.device.type == "cuda" and supports(state.model)
         if fast and not any(r.top_logprobs for r in rows):
-            return self._engine(state, rows).run(rows)
+            return self._engine(state, rows).run(rows, swap=self._swap_point(state.model))
         return sample_rows(state.model, state.tokenizer, rows)
+
+    def _swap_point(self, model: Any) -> Any:
+        """What the static engine calls between decode steps to take new weights in place (returning their
+        version), or None: this backend's weights change only between batches (`reload`)."""
+        return None
 
     def _engine(self, state: _Loaded, rows: list[RowRequest]) -> StaticEngine:
         """The static engine for this batch (`engine_shape`: group width, group slots for the batch rounded up

@@ -48,6 +48,7 @@ class RowResult:
     text: str = ""
     finish_reason: str = "length"
     top_logprobs: list[list[tuple[int, float]]] | None = None
+    versions: list[int] | None = None  # the weight version that produced each token (an engine with swap points)
 
 
 def eos_ids(model: Any, tokenizer: Any) -> set[int]:
