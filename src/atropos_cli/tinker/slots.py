@@ -1,0 +1,308 @@
+"""The training slots on one base model: each training client's LoRA adapter (or its own full copy of the
+weights) and its own AdamW state. Only the service's one worker thread calls in, one request at a time, so a
+request sees exactly its slot's adapter active and never another client's.
+
+LoRA slots are peft adapters on one shared peft model (`activate` switches the active one before each
+request); a full fine-tuning slot (rank 0) owns a copy of the base weights. The log-probs of the target tokens
+come from the trainer's chunked fp32 log-softmax (`trainer.step.logprobs`), on the model's device.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from atropos_cli.tinker import losses
+from atropos_cli.tinker.errors import full, invalid
+from atropos_cli.tinker.protowire import WireDatum
+
+ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+
+@dataclass
+class SlotSpec:
+    """What a training client asked for (kept in its checkpoints: a restart rebuilds the slot from it)."""
+
+    rank: int  # 0: full fine-tuning
+    seed: int = 0
+    train_attn: bool = True
+    train_mlp: bool = True
+
+
+@dataclass
+class Slot:
+    name: str
+    spec: SlotSpec
+    model: Any  # the shared peft model (LoRA) or the slot's own copy (full)
+    params: list[Any]
+    optimizer: Any = None
+    pending: int = 0  # datums whose gradients are waiting for optim_step
+    steps: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Host:
+    """The base model (loaded once) and the slots on it."""
+
+    def __init__(self, model_dir: str, device: str, max_slots: int) -> None:
+        from atropos_cli.inference.local import load_model
+
+        loaded = load_model(model_dir, device, "float32" if device == "cpu" else "auto")
+        self.base, self.tokenizer, self.model_dir = loaded.model, loaded.tokenizer, model_dir
+        self.base.eval()
+        self.max_slots = max_slots
+        self.peft: Any = None  # the shared peft model, once a LoRA slot exists
+        self.slots: dict[str, Slot] = {}
+        self.vocab = int(self.base.config.vocab_size)
+        self.max_len = int(getattr(self.base.config, "max_position_embeddings", 0) or 1 << 30)
+
+    # -- slots -----------------------------------------------------------------------------------------
+    def _targets(self, spec: SlotSpec) -> list[str]:
+        leaves = (ATTN if spec.train_attn else ()) + (MLP if spec.train_mlp else ())
+        found = {n.rsplit(".", 1)[-1] for n, _ in self.base.named_modules()}
+        targets = [leaf for leaf in leaves if leaf in found]
+        if not targets:
+            raise invalid("the LoRA config trains no layer of this model", hint="set train_attn or train_mlp")
+        return targets
+
+    def add(self, name: str, spec: SlotSpec) -> Slot:
+        import torch
+
+        if name in self.slots:
+            return self.slots[name]
+        if len(self.slots) >= self.max_slots:
+            raise full(
+                f"all {self.max_slots} training slots are taken",
+                hint="unload a training client, or start serve-trainer with a larger --max-slots",
+            )
+        torch.manual_seed(spec.seed)
+        if spec.rank == 0:
+            inner = self.peft.get_base_model() if self.peft is not None else self.base
+            model = _plain_copy(self.base, inner)
+            model.load_state_dict(_without_adapters(inner), strict=True)
+            model.train()
+            params = [p for p in model.parameters()]
+            for p in params:
+                p.requires_grad_(True)
+        else:
+            from peft import LoraConfig
+
+            config = LoraConfig(
+                r=spec.rank,
+                lora_alpha=2 * spec.rank,
+                target_modules=self._targets(spec),
+                bias="none",
+                task_type="CAUSAL_LM",
+            )
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                if self.peft is None:
+                    from peft import get_peft_model
+
+                    self.peft = get_peft_model(self.base, config, adapter_name=name)
+                else:
+                    self.peft.add_adapter(name, config)
+            model = self.peft
+            params = [p for n, p in model.named_parameters() if f".{name}." in n and "lora_" in n]
+        slot = Slot(name, spec, model, params)
+        self.slots[name] = slot
+        return slot
+
+    def remove(self, name: str) -> None:
+        slot = self.slots.pop(name, None)
+        if slot is not None and slot.spec.rank > 0:
+            self.peft.delete_adapter(name)
+
+    def get(self, name: str) -> Slot:
+        slot = self.slots.get(name)
+        if slot is None:
+            raise invalid(f"model {name!r} is not loaded on this server", hint="create a training client first")
+        return slot
+
+    def _activate(self, slot: Slot) -> None:
+        if slot.spec.rank > 0:
+            self.peft.set_adapter(slot.name)
+            for p in slot.params:  # set_adapter freezes the others and unfreezes this one
+                p.requires_grad_(True)
+
+    # -- forward / backward ----------------------------------------------------------------------------
+    def _check(self, data: list[WireDatum], loss: str) -> None:
+        if not data:
+            raise invalid("forward_backward got no data", hint="send at least one Datum")
+        for i, datum in enumerate(data):
+            n = len(datum.tokens)
+            if n == 0:
+                raise invalid(f"datum {i}: its model input has no tokens")
+            if n > self.max_len:
+                raise invalid(f"datum {i}: {n} tokens, over the model's context of {self.max_len}")
+            if min(datum.tokens) < 0 or max(datum.tokens) >= self.vocab:
+                raise invalid(f"datum {i}: a token id is outside the vocabulary (0..{self.vocab - 1})")
+            losses.check_inputs(loss, n, datum.loss_fn_inputs, i)
+            targets = datum.loss_fn_inputs["target_tokens"]
+            if targets.min() < 0 or targets.max() >= self.vocab:
+                raise invalid(f"datum {i}: a target token is outside the vocabulary (0..{self.vocab - 1})")
+
+    def _token_logprobs(self, slot: Slot, tokens: list[int], targets: np.ndarray) -> Any:
+        import torch
+
+        from atropos_cli.trainer.step.logprobs import flat_token_logprobs
+
+        model = slot.model
+        inner = model.get_base_model() if slot.spec.rank > 0 else model
+        device = next(inner.parameters()).device
+        ids = torch.tensor([tokens], device=device)
+        body = getattr(inner, inner.base_model_prefix)
+        hidden = body(input_ids=ids).last_hidden_state[0]
+        head = inner.get_output_embeddings().weight
+        return flat_token_logprobs(hidden, head, torch.as_tensor(targets, device=device))
+
+    def forward_backward(
+        self, name: str, data: list[WireDatum], loss: str, config: dict[str, float], backward: bool
+    ) -> tuple[list[dict[str, np.ndarray]], dict[str, float]]:
+        """Each datum's target log-probs (and, for cross entropy, its per-token loss), the summed loss; with
+        `backward`, the gradients added to the slot's (until optim_step)."""
+        import torch
+
+        slot = self.get(name)
+        self._check(data, loss)
+        self._activate(slot)
+        outputs, total = [], 0.0
+        with torch.set_grad_enabled(backward):
+            for datum in data:
+                logp = self._token_logprobs(slot, datum.tokens, datum.loss_fn_inputs["target_tokens"])
+                inputs = {
+                    k: torch.as_tensor(v, dtype=torch.float32, device=logp.device)
+                    for k, v in datum.loss_fn_inputs.items()
+                    if k != "target_tokens"
+                }
+                value = losses.datum_loss(loss, logp, inputs, config)
+                if backward:
+                    value.backward()
+                total += float(value.detach())
+                out = {"logprobs": logp.detach().float().cpu().numpy()}
+                if loss == "cross_entropy":
+                    out["elementwise_loss"] = (-(logp * inputs["weights"])).detach().float().cpu().numpy()
+                outputs.append(out)
+        if backward:
+            slot.pending += len(data)
+        return outputs, {"loss:sum": total}
+
+    def optim_step(
+        self, name: str, lr: float, beta1: float, beta2: float, eps: float, wd: float, clip: float
+    ) -> dict[str, float]:
+        import torch
+
+        slot = self.get(name)
+        if slot.optimizer is None:
+            slot.optimizer = torch.optim.AdamW(slot.params, lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd)
+        for group in slot.optimizer.param_groups:
+            group.update(lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd)
+        grads = [p for p in slot.params if p.grad is not None]
+        norm = float(torch.nn.utils.clip_grad_norm_(grads, clip if clip > 0 else float("inf"))) if grads else 0.0
+        slot.optimizer.step()
+        slot.optimizer.zero_grad(set_to_none=True)
+        slot.steps += 1
+        slot.pending = 0
+        return {"grad_norm:mean": norm, "learning_rate:mean": lr}
+
+    # -- weights ---------------------------------------------------------------------------------------
+    def trainable_state(self, name: str) -> dict[str, Any]:
+        """The slot's trained tensors on the CPU, keyed by their parameter names (the adapter's, or all)."""
+        slot = self.get(name)
+        names = {id(p): n for n, p in slot.model.named_parameters()}
+        return {names[id(p)].replace(f".{name}.", ".SLOT."): p.detach().cpu().clone() for p in slot.params}
+
+    def load_trainable(self, name: str, state: dict[str, Any]) -> None:
+        import torch
+
+        slot = self.get(name)
+        names = {
+            n.replace(f".{name}.", ".SLOT."): p
+            for n, p in slot.model.named_parameters()
+            if any(p is q for q in slot.params)
+        }
+        missing = sorted(set(names) - set(state))
+        if missing or len(state) != len(names):
+            raise invalid(
+                f"the checkpoint does not fit this training client ({len(missing)} tensors missing)",
+                hint="load a checkpoint saved by a client with the same base model and LoRA rank",
+            )
+        with torch.no_grad():
+            for key, param in names.items():
+                param.copy_(state[key].to(param.device, param.dtype))
+
+    def optimizer_state(self, name: str) -> dict[str, Any] | None:
+        slot = self.get(name)
+        return None if slot.optimizer is None else slot.optimizer.state_dict()
+
+    def load_optimizer(self, name: str, state: dict[str, Any] | None) -> None:
+        import torch
+
+        slot = self.get(name)
+        if state is None:
+            slot.optimizer = None
+            return
+        slot.optimizer = torch.optim.AdamW(slot.params)
+        slot.optimizer.load_state_dict(state)
+
+    def merged_weights(self, name: str) -> dict[str, Any]:
+        """The full model's weights as the slot computes them (adapters folded in), on the model's device."""
+        import torch
+
+        slot = self.get(name)
+        if slot.spec.rank == 0:
+            return {k: v.detach().clone() for k, v in slot.model.state_dict().items()}
+        from peft.tuners.lora import LoraLayer
+
+        inner = self.peft.get_base_model()
+        layers = {n: m for n, m in inner.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}
+        out = {}
+        with torch.no_grad():
+            for key, tensor in inner.state_dict().items():
+                if ".lora_" in key:
+                    continue
+                clean = key.replace(".base_layer.", ".")
+                module, _, leaf = clean.rpartition(".")
+                if leaf == "weight" and module in layers:
+                    tensor = tensor + layers[module].get_delta_weight(name).to(tensor.dtype)
+                out[clean] = tensor.detach().clone()
+        return out
+
+    def sampler_model(self, weights: dict[str, Any] | None) -> Any:
+        """A plain model (no adapters) holding `weights` (None: the base model's own)."""
+        plain = self.peft.get_base_model() if self.peft is not None else self.base
+        if weights is None and self.peft is None:
+            return self.base
+        model = _plain_copy(self.base, plain)
+        state = weights if weights is not None else _without_adapters(plain)
+        model.load_state_dict(state, strict=True)
+        return model.eval()
+
+    def save_model_dir(self, weights: dict[str, Any], path: Path) -> None:
+        """A model directory (config, tokenizer, safetensors) any HF tool loads."""
+        model = self.sampler_model(weights)
+        model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+
+
+def _without_adapters(inner: Any) -> dict[str, Any]:
+    return {k.replace(".base_layer.", "."): v for k, v in inner.state_dict().items() if ".lora_" not in k}
+
+
+def _plain_copy(base: Any, inner: Any) -> Any:
+    """A fresh model of the base's class and config (no adapter layers), on its device."""
+    from transformers import AutoModelForCausalLM
+
+    device = next(inner.parameters()).device
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = AutoModelForCausalLM.from_config(base.config, dtype=next(inner.parameters()).dtype)
+    if getattr(base, "generation_config", None) is not None:
+        model.generation_config = copy.deepcopy(base.generation_config)
+    return model.to(device)
