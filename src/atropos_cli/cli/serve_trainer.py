@@ -10,6 +10,7 @@ import typer
 
 from atropos_cli.cli.common import cli_errors, console, fail
 from atropos_cli.cli.options import ModelOptions, with_options
+from atropos_cli.errors import EXIT_USAGE
 from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -40,9 +41,17 @@ def serve_trainer_command(
 ) -> None:
     """Serve the Tinker training API (the tinker SDK's service, training and sampling clients) on a local model."""
     if host not in LOOPBACK and not api_key:
-        raise fail(f"--host {host} exposes the trainer beyond this machine without a key", hint="add --api-key tml-...")
+        raise fail(
+            f"--host {host} exposes the trainer beyond this machine without a key",
+            hint="add --api-key tml-...",
+            code=EXIT_USAGE,
+        )
     if api_key and not api_key.startswith("tml-"):
-        raise fail("--api-key must start with 'tml-' (the tinker SDK refuses other keys)", hint="e.g. tml-local-1")
+        raise fail(
+            "--api-key must start with 'tml-' (the tinker SDK refuses other keys)",
+            hint="e.g. tml-local-1",
+            code=EXIT_USAGE,
+        )
     with cli_errors():
         from pathlib import Path
 

@@ -14,11 +14,12 @@ from typing import Any
 import orjson
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
 
 from atropos_cli.errors import ApiRequestError
 from atropos_cli.httpguard import BodyLimit
 from atropos_cli.tinker import protowire, wire
-from atropos_cli.tinker.errors import invalid, unsupported
+from atropos_cli.tinker.errors import invalid, not_found, unsupported
 from atropos_cli.tinker.service import Service, Settings
 
 PREFIX = "/api/v1"
@@ -99,6 +100,10 @@ def create_app(settings: Settings, api_key: str | None = None, max_body_mb: floa
     async def _refused(_: Request, exc: ApiRequestError) -> JSONResponse:
         return _error(exc.status or 400, exc.message, exc.hint)
 
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(_: Request, exc: ClientDisconnect) -> Response:
+        return Response(status_code=499)  # the client closed the connection (a poll it gave up): nobody reads it
+
     @app.exception_handler(404)
     async def _no_route(request: Request, _: Exception) -> JSONResponse:
         return _error(404, f"no route {request.url.path}", "this server speaks the Tinker API under /api/v1")
@@ -153,6 +158,14 @@ def _service_routes(app: FastAPI, service: Service) -> None:
         req = wire.parse(wire.CreateSamplingSession, await _json(request), "create_sampling_session")
         session = await service.create_sampling_session(req.model_path, req.base_model)
         return {"type": "create_sampling_session", "sampling_session_id": session}
+
+    @app.get(PREFIX + "/samplers/{sampler_id}")
+    async def sampler(sampler_id: str) -> dict[str, Any]:
+        key = service.sampler_sessions.get(sampler_id)
+        if key is None:
+            raise not_found(f"no sampling session {sampler_id!r}", hint="create a sampling client")
+        path = key if key.startswith("tinker://") else None
+        return {"sampler_id": sampler_id, "base_model": service.settings.model_name, "model_path": path}
 
     @app.post(PREFIX + "/retrieve_future")
     async def retrieve_future(request: Request) -> Response:

@@ -61,7 +61,7 @@ def check_inputs(name: str, length: int, inputs: Mapping[str, np.ndarray], index
             raise invalid(f"datum {index}: loss {name!r} needs loss_fn_inputs[{key!r}]")
         if array.shape != (length,):
             raise invalid(
-                f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(array.shape)}, the model input {length} tokens",
+                f"datum {index}: loss_fn_inputs[{key!r}] has shape {list(array.shape)}; the input has {length} tokens",
                 hint="one value per input token",
             )
         if array.dtype.kind == "f" and not np.isfinite(array).all():

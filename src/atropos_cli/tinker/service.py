@@ -157,6 +157,7 @@ class Service:
             else SlotSpec(lora.rank, lora.seed or 0, lora.train_attn, lora.train_mlp)
         )
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
+        self.host.check_room(model_id)  # refused at once (4xx), before the request is queued
 
         def job() -> dict[str, Any]:
             self.host.add(model_id, spec)

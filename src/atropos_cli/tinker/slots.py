@@ -71,16 +71,19 @@ class Host:
             raise invalid("the LoRA config trains no layer of this model", hint="set train_attn or train_mlp")
         return targets
 
+    def check_room(self, name: str) -> None:
+        if name not in self.slots and len(self.slots) >= self.max_slots:
+            raise full(
+                f"all {self.max_slots} training slots are taken",
+                hint="unload a training client, or start serve-trainer with a larger --max-slots",
+            )
+
     def add(self, name: str, spec: SlotSpec) -> Slot:
         import torch
 
         if name in self.slots:
             return self.slots[name]
-        if len(self.slots) >= self.max_slots:
-            raise full(
-                f"all {self.max_slots} training slots are taken",
-                hint="unload a training client, or start serve-trainer with a larger --max-slots",
-            )
+        self.check_room(name)
         torch.manual_seed(spec.seed)
         if spec.rank == 0:
             inner = self.peft.get_base_model() if self.peft is not None else self.base
