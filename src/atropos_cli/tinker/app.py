@@ -147,7 +147,7 @@ def _service_routes(app: FastAPI, service: Service) -> None:
         return {"type": "create_session", "session_id": service.create_session()}
 
     @app.post(PREFIX + "/session_heartbeat")
-    async def heartbeat(request: Request) -> dict[str, Any]:
+    async def heartbeat(request: Request) -> Any:
         ref = wire.parse(wire.SessionRef, await _json(request), "session_heartbeat")
         if ref.session_id not in service.sessions:
             return _error(410, f"session {ref.session_id!r} is not open on this server (restarted?)")

@@ -107,7 +107,7 @@ def _map_entry(buf: bytes) -> tuple[bytes, int | bytes]:
 def read_tensor(buf: bytes) -> np.ndarray:
     dense: bytes | None = None
     csr: dict[int, bytes] = {}
-    dtype, shape = 0, []
+    dtype, shape = 0, list[int]()
     for number, _, value in fields(buf):
         if number == 1:
             dense = _as_bytes(value, "Tensor.dense")
@@ -139,7 +139,7 @@ def read_tensor(buf: bytes) -> np.ndarray:
     col = np.frombuffer(csr.get(3, b""), dtype=np.int64)
     if len(crow) != shape[0] + 1 or len(col) != len(values) or (len(col) and (col.min() < 0 or col.max() >= shape[1])):
         raise invalid("sparse tensor indices do not match its shape")
-    out = np.zeros(shape, dtype=np_dtype)
+    out = np.zeros(shape, dtype=np.dtype(np_dtype))
     for row in range(shape[0]):
         lo, hi = int(crow[row]), int(crow[row + 1])
         if not 0 <= lo <= hi <= len(values):

@@ -256,32 +256,17 @@ class Host:
 
     def merged_weights(self, name: str) -> dict[str, Any]:
         """The full model's weights as the slot computes them (adapters folded in), on the model's device."""
-        import torch
-
         slot = self.get(name)
         if slot.spec.rank == 0:
             return {k: v.detach().clone() for k, v in slot.model.state_dict().items()}
-        from peft.tuners.lora import LoraLayer
+        from atropos_cli.trainer.weights.lora import iter_merged
 
-        inner = self.peft.get_base_model()
-        layers = {n: m for n, m in inner.named_modules() if isinstance(m, LoraLayer) and name in m.lora_A}
-        out = {}
-        with torch.no_grad():
-            for key, tensor in inner.state_dict().items():
-                if ".lora_" in key:
-                    continue
-                clean = key.replace(".base_layer.", ".")
-                module, _, leaf = clean.rpartition(".")
-                if leaf == "weight" and module in layers:
-                    tensor = tensor + layers[module].get_delta_weight(name).to(tensor.dtype)
-                out[clean] = tensor.detach().clone()
-        return out
+        return {key: tensor.detach().clone() for key, tensor in iter_merged(self.peft, adapter=name)}
 
     def sampler_model(self, weights: dict[str, Any] | None) -> Any:
         """A plain model (no adapters) holding `weights` (None: the base model's own)."""
         plain = self.peft.get_base_model() if self.peft is not None else self.base
-        if weights is None and self.peft is None:
-            return self.base
+        # always a copy: peft adds the adapters' layers to the base model in place
         model = _plain_copy(self.base, plain)
         state = weights if weights is not None else _without_adapters(plain)
         model.load_state_dict(state, strict=True)
