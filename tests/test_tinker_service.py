@@ -19,6 +19,7 @@ import pytest
 from differential import venv_python
 
 DRIVE = Path(__file__).parent / "tinker_sdk" / "drive.py"
+COOKBOOK = Path(__file__).parent / "tinker_sdk" / "cookbook_run.py"
 
 
 @pytest.fixture
@@ -64,6 +65,51 @@ def drive(python: str, url: str, scenario: str, tmp_path: Path, state: dict[str,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_cookbook(python: str, url: str, *args: str) -> None:
+    env = {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": "tml-local", "HF_HUB_OFFLINE": "1"}
+    env.pop("TINKER_CREDENTIAL_CMD", None)
+    proc = subprocess.run([python, str(COOKBOOK), *args], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def metrics(log_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_cookbook_sl_loop_lowers_the_loss(
+    tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The cookbook's supervised loop on a conversations file in a format the model has not seen."""
+    from atropos_cli.resources import resolve_model_path
+
+    rows = [(a, b) for a in (3, 11, 20, 27) for b in (5, 14, 22, 30)]
+    data = tmp_path / "conversations.jsonl"
+    data.write_text("".join(
+        json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
+                                 {"role": "assistant", "content": f"{a} + {b} = {a + b}"}]}) + "\n"
+        for a, b in rows
+    ))  # fmt: skip
+    server = trainer_server()
+    run_cookbook(tinker_python, server.url, "sl", resolve_model_path("atropos-tiny-arith"), str(tmp_path / "sl"),
+                 str(data), "4")  # fmt: skip
+    nll = [m["train_mean_nll"] for m in metrics(tmp_path / "sl") if "train_mean_nll" in m]
+    assert len(nll) == 4 and nll[-1] < nll[0] * 0.9, nll
+
+
+def test_cookbook_rl_loop_raises_the_reward(
+    tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The cookbook's RL loop (importance sampling, a new sampler each step) on its arithmetic env."""
+    from atropos_cli.resources import resolve_model_path
+
+    server = trainer_server()
+    run_cookbook(tinker_python, server.url, "rl", resolve_model_path("atropos-tiny-arith"), str(tmp_path / "rl"),
+                 "6", "16", "3e-3")  # fmt: skip
+    reward = [m["env/all/reward/total"] for m in metrics(tmp_path / "rl") if "env/all/reward/total" in m]
+    assert len(reward) == 6
+    assert sum(reward[-2:]) / 2 > sum(reward[:2]) / 2 + 0.1, reward
 
 
 def test_sdk_basic_calls(tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path) -> None:

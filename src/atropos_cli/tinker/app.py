@@ -44,7 +44,6 @@ UNSERVED = {
     "/weights_info": "the REST checkpoint registry",
     "/training_runs": "the REST training-run registry",
     "/checkpoints": "the REST checkpoint registry",
-    "/sessions": "the REST session registry",
     "/auth/token": "token exchange (send your key in X-API-Key)",
 }
 
@@ -152,6 +151,11 @@ def _service_routes(app: FastAPI, service: Service) -> None:
         if ref.session_id not in service.sessions:
             return _error(410, f"session {ref.session_id!r} is not open on this server (restarted?)")
         return {"type": "session_heartbeat"}
+
+    @app.post(PREFIX + "/sessions/{session_id}/finish")
+    async def finish_session(session_id: str) -> Response:
+        service.sessions.discard(session_id)
+        return Response(status_code=204)
 
     @app.post(PREFIX + "/create_sampling_session")
     async def create_sampling_session(request: Request) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from atropos_cli.tinker.wire import CreateModel, LoadWeights, OptimStep, Sample,
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 WAIT_S = 20.0  # how long retrieve_future holds a request open before answering try_again
+KEPT_FUTURES = 100_000  # answers kept for polls (a sampled batch is kilobytes)
 
 
 @dataclass
@@ -84,6 +85,8 @@ class Service:
         request_id = uuid.uuid4().hex
         future = Future(asyncio.Event())
         self.futures[request_id] = future
+        while len(self.futures) > KEPT_FUTURES:  # the oldest answers go first (dicts keep insertion order)
+            del self.futures[next(iter(self.futures))]
         return request_id, future
 
     def in_worker(self, job: Callable[[], Any]) -> Awaitable[Any]:
@@ -127,8 +130,7 @@ class Service:
             await asyncio.wait_for(future.event.wait(), WAIT_S)
         if future.result is None:
             return {"type": "try_again", "request_id": request_id, "queue_state": "active"}
-        self.futures.pop(request_id, None)
-        return future.result
+        return future.result  # kept: a poll whose answer was lost on the way is asked again
 
     async def aclose(self) -> None:
         self._jobs.put(None)
@@ -142,7 +144,8 @@ class Service:
         return session_id
 
     def _base(self, name: str | None) -> str:
-        if name not in (None, self.settings.model_name):
+        """The served model's name; the SDK may name it by its directory too (the tokenizer lives there)."""
+        if name not in (None, self.settings.model_name, self.settings.model_dir):
             raise invalid(
                 f"base model {name!r} is not served here", hint=f"this server trains {self.settings.model_name!r}"
             )

@@ -23,6 +23,7 @@ from atropos_cli.tinker.protowire import WireDatum
 
 ATTN = ("q_proj", "k_proj", "v_proj", "o_proj")
 MLP = ("gate_proj", "up_proj", "down_proj")
+MICRO_TOKENS = 16384  # padded tokens per forward of forward_backward
 
 
 @dataclass
@@ -151,19 +152,35 @@ class Host:
             if targets.min() < 0 or targets.max() >= self.vocab:
                 raise invalid(f"datum {i}: a target token is outside the vocabulary (0..{self.vocab - 1})")
 
-    def _token_logprobs(self, slot: Slot, tokens: list[int], targets: np.ndarray) -> Any:
+    def _batch_logprobs(self, slot: Slot, batch: list[WireDatum]) -> list[Any]:
+        """Each datum's target log-probs from one forward over the batch (right-padded: causal attention keeps
+        the padding out of every real position, and padded positions are dropped before the head)."""
         import torch
 
         from atropos_cli.trainer.step.logprobs import flat_token_logprobs
 
-        model = slot.model
-        inner = model.get_base_model() if slot.spec.rank > 0 else model
+        inner = slot.model.get_base_model() if slot.spec.rank > 0 else slot.model
         device = next(inner.parameters()).device
-        ids = torch.tensor([tokens], device=device)
-        body = getattr(inner, inner.base_model_prefix)
-        hidden = body(input_ids=ids).last_hidden_state[0]
-        head = inner.get_output_embeddings().weight
-        return flat_token_logprobs(hidden, head, torch.as_tensor(targets, device=device))
+        lengths = [len(d.tokens) for d in batch]
+        ids = torch.zeros((len(batch), max(lengths)), dtype=torch.long, device=device)
+        real = torch.zeros_like(ids, dtype=torch.bool)
+        for row, datum in enumerate(batch):
+            ids[row, : lengths[row]] = torch.as_tensor(datum.tokens, device=device)
+            real[row, : lengths[row]] = True
+        hidden = getattr(inner, inner.base_model_prefix)(input_ids=ids).last_hidden_state[real]
+        targets = torch.as_tensor(np.concatenate([d.loss_fn_inputs["target_tokens"] for d in batch]), device=device)
+        logp = flat_token_logprobs(hidden, inner.get_output_embeddings().weight, targets)
+        return list(torch.split(logp, lengths))
+
+    def _micro_batches(self, data: list[WireDatum]) -> list[list[WireDatum]]:
+        """Consecutive datums in groups of at most MICRO_TOKENS padded tokens (one datum alone may exceed it)."""
+        batches: list[list[WireDatum]] = [[]]
+        for datum in data:
+            widest = max([len(d.tokens) for d in batches[-1]] + [len(datum.tokens)])
+            if batches[-1] and widest * (len(batches[-1]) + 1) > MICRO_TOKENS:
+                batches.append([])
+            batches[-1].append(datum)
+        return batches
 
     def forward_backward(
         self, name: str, data: list[WireDatum], loss: str, config: dict[str, float], backward: bool
@@ -177,21 +194,23 @@ class Host:
         self._activate(slot)
         outputs, total = [], 0.0
         with torch.set_grad_enabled(backward):
-            for datum in data:
-                logp = self._token_logprobs(slot, datum.tokens, datum.loss_fn_inputs["target_tokens"])
-                inputs = {
-                    k: torch.as_tensor(v, dtype=torch.float32, device=logp.device)
-                    for k, v in datum.loss_fn_inputs.items()
-                    if k != "target_tokens"
-                }
-                value = losses.datum_loss(loss, logp, inputs, config)
-                if backward:
-                    value.backward()
-                total += float(value.detach())
-                out = {"logprobs": logp.detach().float().cpu().numpy()}
-                if loss == "cross_entropy":
-                    out["elementwise_loss"] = (-(logp * inputs["weights"])).detach().float().cpu().numpy()
-                outputs.append(out)
+            for batch in self._micro_batches(data):
+                batch_loss = None
+                for datum, logp in zip(batch, self._batch_logprobs(slot, batch), strict=True):
+                    inputs = {
+                        k: torch.as_tensor(v, dtype=torch.float32, device=logp.device)
+                        for k, v in datum.loss_fn_inputs.items()
+                        if k != "target_tokens"
+                    }
+                    value = losses.datum_loss(loss, logp, inputs, config)
+                    batch_loss = value if batch_loss is None else batch_loss + value
+                    total += float(value.detach())
+                    out = {"logprobs": logp.detach().float().cpu().numpy()}
+                    if loss == "cross_entropy":
+                        out["elementwise_loss"] = (-(logp * inputs["weights"])).detach().float().cpu().numpy()
+                    outputs.append(out)
+                if backward and batch_loss is not None:
+                    batch_loss.backward()
         if backward:
             slot.pending += len(data)
         return outputs, {"loss:sum": total}
