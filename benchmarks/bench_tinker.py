@@ -31,7 +31,7 @@ model, rank, datums, tokens, samples, max_tokens, steps = sys.argv[1], *map(int,
 sc = tinker.ServiceClient()
 tc = sc.create_lora_training_client(base_model=model, rank=rank).result()
 rng = np.random.default_rng(0)
-vocab = 1000
+vocab = len(tc.get_tokenizer())
 def datum():
     ids = rng.integers(10, vocab, tokens + 1).tolist()
     return types.Datum(model_input=types.ModelInput.from_ints(ids[:-1]),
