@@ -143,6 +143,7 @@ def test_sdk_clients_share_one_base_without_mixing(
     assert [i["lora_rank"] for i in out["info"]] == [4, 8, None]
     assert out["info"][2]["is_lora"] is False  # rank 0: full fine-tuning
     assert "all 3 training slots are taken" in out["fourth"]
+    assert math.isfinite(out["after_close"])  # the closed session's three slots were given back
 
 
 def test_sdk_resumes_after_restart(tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path) -> None:

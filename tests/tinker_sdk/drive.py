@@ -121,7 +121,16 @@ def tenants(sc, state: dict) -> dict:
         "b_before": b_on_b_base,
         "info": [c.get_info().model_dump(mode="json") for c in (a, b, full)],
         "fourth": error_of(lambda: sc.create_lora_training_client(base_model=model, rank=4).result()),
+        "after_close": after_close(sc, model),
     }
+
+
+def after_close(sc, model: str) -> float:
+    """Closing a ServiceClient frees its session's slots: a new client then fits, and trains."""
+    sc.close("success")
+    other = tinker.ServiceClient()
+    tc = other.create_lora_training_client(base_model=model, rank=4).result()
+    return tc.forward([sft_datum(tc.get_tokenizer())], "cross_entropy").result().metrics["loss:sum"]
 
 
 def resume_save(sc, state: dict) -> dict:

@@ -148,13 +148,13 @@ def _service_routes(app: FastAPI, service: Service) -> None:
     @app.post(PREFIX + "/session_heartbeat")
     async def heartbeat(request: Request) -> Any:
         ref = wire.parse(wire.SessionRef, await _json(request), "session_heartbeat")
-        if ref.session_id not in service.sessions:
-            return _error(410, f"session {ref.session_id!r} is not open on this server (restarted?)")
+        if not service.heartbeat(ref.session_id):
+            return _error(410, f"session {ref.session_id!r} is not open on this server (finished, or restarted)")
         return {"type": "session_heartbeat"}
 
     @app.post(PREFIX + "/sessions/{session_id}/finish")
     async def finish_session(session_id: str) -> Response:
-        service.sessions.discard(session_id)
+        await service.finish_session(session_id)
         return Response(status_code=204)
 
     @app.post(PREFIX + "/create_sampling_session")
@@ -192,10 +192,6 @@ def _training_routes(app: FastAPI, service: Service) -> None:
     @app.post(PREFIX + "/get_info")
     async def get_info(request: Request) -> dict[str, Any]:
         return service.info(wire.parse(wire.ModelRef, await _json(request), "get_info").model_id)
-
-    @app.post(PREFIX + "/unload_model")
-    async def unload_model(request: Request) -> dict[str, Any]:
-        return service.unload(wire.parse(wire.ModelRef, await _json(request), "unload_model").model_id)
 
     @app.post(PREFIX + "/forward_backward")
     async def forward_backward(request: Request) -> dict[str, Any]:

@@ -15,9 +15,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import json
+import logging
 import queue
 import re
 import threading
+import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -31,7 +33,9 @@ from atropos_cli.tinker.protowire import WireForwardBackward, write_forward_back
 from atropos_cli.tinker.slots import Host, SlotSpec
 from atropos_cli.tinker.wire import CreateModel, LoadWeights, OptimStep, Sample, SaveWeights
 
+log = logging.getLogger(__name__)
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+SESSION_TIMEOUT_S = 120.0  # the SDK heartbeats every 10 s
 WAIT_S = 20.0  # how long retrieve_future holds a request open before answering try_again
 KEPT_FUTURES = 100_000  # answers kept for polls (a sampled batch is kilobytes)
 
@@ -66,7 +70,7 @@ class Service:
     settings: Settings
     host: Host = field(init=False)
     runs: dict[str, Run] = field(default_factory=dict)
-    sessions: set[str] = field(default_factory=set)
+    sessions: dict[str, float] = field(default_factory=dict)  # open session -> when it was last heard from
     futures: dict[str, Future] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -140,8 +144,32 @@ class Service:
     # -- sessions and models ---------------------------------------------------------------------------
     def create_session(self) -> str:
         session_id = uuid.uuid4().hex[:16]
-        self.sessions.add(session_id)
+        self.sessions[session_id] = time.monotonic()
         return session_id
+
+    def heartbeat(self, session_id: str) -> bool:
+        """False for a session this server does not have open (finished, expired, or before a restart)."""
+        if session_id not in self.sessions:
+            return False
+        self.sessions[session_id] = time.monotonic()
+        return True
+
+    async def finish_session(self, session_id: str) -> None:
+        """The session's training clients give their slots back (their saved checkpoints stay)."""
+        self.sessions.pop(session_id, None)
+        await self.in_worker(lambda: self._release(session_id))
+
+    def _release(self, session_id: str) -> None:
+        for model_id in [m for m in self.runs if m.startswith(session_id + ":train:")]:
+            self.host.remove(model_id)
+            self.runs.pop(model_id, None)
+
+    def _expire_sessions(self) -> None:
+        """Sessions silent for SESSION_TIMEOUT_S (their client died without finishing) close, freeing slots."""
+        now = time.monotonic()
+        for session_id in [s for s, seen in self.sessions.items() if now - seen > SESSION_TIMEOUT_S]:
+            self.sessions.pop(session_id, None)
+            self._release(session_id)
 
     def _base(self, name: str | None) -> str:
         """The served model's name; the SDK may name it by its directory too (the tokenizer lives there)."""
@@ -160,9 +188,10 @@ class Service:
             else SlotSpec(lora.rank, lora.seed or 0, lora.train_attn, lora.train_mlp)
         )
         model_id = f"{req.session_id}:train:{req.model_seq_id}"
-        self.host.check_room(model_id)  # refused at once (4xx), before the request is queued
+        self.host.check_room(model_id, waiting=self._jobs.qsize())  # refused at once (4xx) when surely full
 
         def job() -> dict[str, Any]:
+            self._expire_sessions()
             self.host.add(model_id, spec)
             self.runs[model_id] = Run(model_id, base, spec)
             return {"model_id": model_id, "type": "create_model"}
@@ -187,16 +216,6 @@ class Service:
             "lora_rank": run.spec.rank or None,
             "model_name": run.base_model,
         }
-
-    def unload(self, model_id: str) -> dict[str, Any]:
-        self.run(model_id)
-
-        def job() -> dict[str, Any]:
-            self.host.remove(model_id)
-            self.runs.pop(model_id, None)
-            return {"model_id": model_id, "type": "unload_model"}
-
-        return self.submit(job, model_id)
 
     # -- training --------------------------------------------------------------------------------------
     def forward_backward(self, req: WireForwardBackward) -> dict[str, Any]:
@@ -376,6 +395,7 @@ def _write_meta(directory: Path, run: Run) -> None:
 def _failure(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ApiRequestError):
         return {"error": str(exc), "category": "user"}
+    log.error("a request failed", exc_info=exc)  # a server fault: its traceback goes to the server's log
     return {"error": f"{type(exc).__name__}: {exc}", "category": "server"}
 
 

@@ -72,11 +72,13 @@ class Host:
             raise invalid("the LoRA config trains no layer of this model", hint="set train_attn or train_mlp")
         return targets
 
-    def check_room(self, name: str) -> None:
-        if name not in self.slots and len(self.slots) >= self.max_slots:
+    def check_room(self, name: str, waiting: int = 0) -> None:
+        """Refuse a new slot past the limit (`waiting`: queued jobs that may free slots first: then the job that
+        adds it decides)."""
+        if name not in self.slots and len(self.slots) >= self.max_slots and not waiting:
             raise full(
                 f"all {self.max_slots} training slots are taken",
-                hint="unload a training client, or start serve-trainer with a larger --max-slots",
+                hint="close a ServiceClient (its session gives its clients' slots back), or raise --max-slots",
             )
 
     def add(self, name: str, spec: SlotSpec) -> Slot:
@@ -120,8 +122,15 @@ class Host:
 
     def remove(self, name: str) -> None:
         slot = self.slots.pop(name, None)
-        if slot is not None and slot.spec.rank > 0:
+        if slot is None or slot.spec.rank == 0:
+            return
+        others = [s.name for s in self.slots.values() if s.spec.rank > 0]
+        if others:
+            self.peft.set_adapter(others[0])  # peft keeps a deleted active adapter's name otherwise
             self.peft.delete_adapter(name)
+        else:  # its last adapter: the base model goes back to plain layers
+            self.base = self.peft.unload()
+            self.peft = None
 
     def get(self, name: str) -> Slot:
         slot = self.slots.get(name)
