@@ -37,13 +37,16 @@ def trainer_server(tmp_path: Path) -> Iterator[Callable[..., Any]]:
 
     started: list[ThreadedServer] = []
 
-    def start(api_key: str | None = None, max_slots: int = 8, state_dir: Path | None = None) -> ThreadedServer:
+    def start(
+        api_key: str | None = None, max_slots: int = 8, state_dir: Path | None = None, reuse: bool | None = None
+    ) -> ThreadedServer:
         settings = Settings(
             model_dir=resolve_model_path("atropos-tiny-arith"),
             model_name="atropos-tiny-arith",
             state_dir=state_dir or tmp_path / "state",
             device="cpu",
             max_slots=max_slots,
+            reuse_snapshots=reuse,
         )
         server = ThreadedServer(create_app(settings, api_key=api_key), lifespan="on").start()
         started.append(server)
@@ -98,13 +101,16 @@ def test_cookbook_sl_loop_lowers_the_loss(
     assert len(nll) == 4 and nll[-1] < nll[0] * 0.9, nll
 
 
+@pytest.mark.parametrize("reuse", [False, True], ids=["new-sampler-each-step", "sampler-updated-in-place"])
 def test_cookbook_rl_loop_raises_the_reward(
-    tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path
+    tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path, reuse: bool
 ) -> None:
-    """The cookbook's RL loop (importance sampling, a new sampler each step) on its arithmetic env."""
+    """The cookbook's RL loop (importance sampling, a new sampler each step) on its arithmetic env; the same with
+    each unnamed snapshot written into the previous one's engine (the CUDA default), which must sample the new
+    weights: else the reward would not climb."""
     from atropos_cli.resources import resolve_model_path
 
-    server = trainer_server()
+    server = trainer_server(reuse=reuse)
     run_cookbook(tinker_python, server.url, "rl", resolve_model_path("atropos-tiny-arith"), str(tmp_path / "rl"),
                  "6", "16", "3e-3")  # fmt: skip
     reward = [m["env/all/reward/total"] for m in metrics(tmp_path / "rl") if "env/all/reward/total" in m]

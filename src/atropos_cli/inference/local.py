@@ -194,6 +194,11 @@ class LocalBackend:
         return self._state.tokenizer
 
     @property
+    def model(self) -> Any:
+        """The model the next batch samples from."""
+        return self._state.model
+
+    @property
     def tokenizer_name(self) -> str:
         return self._state.path
 

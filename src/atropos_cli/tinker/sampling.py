@@ -43,6 +43,13 @@ class Samplers:
             _, evicted = self._backends.popitem(last=False)
             await evicted.aclose()
 
+    async def refresh(self, key: str, weights: dict[str, Any]) -> None:
+        """Copy `weights` into sampler `key`'s model in place, between two of its batches (the tensors keep
+        their storage, so a CUDA engine's captured graphs read the new values)."""
+        backend = self._backends[key]
+        self._backends.move_to_end(key)
+        await backend.batcher.run_in_worker(backend.model.load_state_dict, weights, True)
+
     async def sample(self, key: str, request: Sample) -> bytes:
         """The `SampleResponse` (protobuf) of one request on sampler `key`."""
         from atropos_cli.inference.base import SamplingParams
@@ -103,7 +110,7 @@ def _prompt_logprobs(backend: Any, prompt: list[int]) -> list[float]:
     """Each prompt token's log-prob given the tokens before it (the first has none: NaN)."""
     import torch
 
-    model = backend._state.model
+    model = backend.model
     with torch.no_grad():
         ids = torch.tensor([prompt], device=model.device)
         logits = model(input_ids=ids).logits[0, :-1].float()

@@ -54,6 +54,7 @@ class Run:
     base_model: str
     spec: SlotSpec
     sampler_seq: int = 0
+    snapshot_key: str = ""  # the sampler of its latest unnamed snapshot
 
 
 @dataclass
@@ -63,6 +64,14 @@ class Settings:
     state_dir: Path
     device: str = "cpu"
     max_slots: int = 8
+    # An unnamed snapshot (save_weights_and_get_sampling_client) overwrites the client's previous one in place:
+    # its engine keeps its compiled step and CUDA graphs, and the older sampling client samples the new weights.
+    # None: on CUDA only (a new engine costs a compile there; on CPU nothing).
+    reuse_snapshots: bool | None = None
+
+    @property
+    def reuses_snapshots(self) -> bool:
+        return self.reuse_snapshots if self.reuse_snapshots is not None else self.device.startswith("cuda")
 
 
 @dataclass
@@ -315,10 +324,13 @@ class Service:
 
     def save_for_sampler(self, req: SaveWeights) -> dict[str, Any]:
         run = self.run(req.model_id)
+        refresh = False
         if req.path is None:  # an unnamed snapshot: served at once, kept in memory only
             run.sampler_seq += 1
             path, directory = None, None
-            key = f"{req.model_id}/ephemeral/{run.sampler_seq}"
+            refresh = self.settings.reuses_snapshots and self.samplers.has(run.snapshot_key)
+            key = run.snapshot_key if refresh else f"{req.model_id}/ephemeral/{run.sampler_seq}"
+            run.snapshot_key = key
         else:
             path = self._name(req.path, req.model_id, "sampler_weights")
             directory = self._dir(path)[0]
@@ -333,7 +345,10 @@ class Service:
             return model
 
         async def save_and_serve() -> dict[str, Any]:
-            await self.samplers.add(key, await self.in_worker(job))
+            if refresh:  # the previous snapshot's engine takes the new weights in place (no rebuild)
+                await self.samplers.refresh(key, await self.in_worker(lambda: self.host.merged_weights(run.model_id)))
+            else:
+                await self.samplers.add(key, await self.in_worker(job))
             if path is not None:
                 return {"path": path, "type": "save_weights_for_sampler"}
             session = f"{req.model_id}:sample:{run.sampler_seq}"
