@@ -9,6 +9,7 @@ what a restart reads back. The few most recently used samplers are kept.
 from __future__ import annotations
 
 import asyncio
+import random
 from collections import OrderedDict
 from typing import Any
 
@@ -22,8 +23,9 @@ MAX_SAMPLERS = 4
 
 
 class Samplers:
-    def __init__(self, tokenizer: Any, device: str, max_len: int) -> None:
+    def __init__(self, tokenizer: Any, device: str, max_len: int, seed: int = 0) -> None:
         self.tokenizer, self.device, self.max_len = tokenizer, device, max_len
+        self._seeds = random.Random(seed)  # a request without a seed gets the next one: a run repeats as sent
         self._backends: OrderedDict[str, Any] = OrderedDict()
 
     def has(self, key: str) -> bool:
@@ -88,7 +90,7 @@ class Samplers:
                     top_p=params.top_p,
                     max_tokens=min(max_tokens, self.max_len - len(prompt)),
                     stop=stop or None,
-                    seed=params.seed,
+                    seed=params.seed if params.seed is not None else self._seeds.getrandbits(62),
                 ),
             )
             sequences = [

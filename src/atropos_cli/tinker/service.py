@@ -64,6 +64,7 @@ class Settings:
     state_dir: Path
     device: str = "cpu"
     max_slots: int = 8
+    seed: int = 0  # the seeds of sampling requests that send none, in order
     # An unnamed snapshot (save_weights_and_get_sampling_client) overwrites the client's previous one in place:
     # its engine keeps its compiled step and CUDA graphs, and the older sampling client samples the new weights.
     # None: on CUDA only (a new engine costs a compile there; on CPU nothing).
@@ -86,7 +87,7 @@ class Service:
         from atropos_cli.tinker.sampling import Samplers
 
         self.host = Host(self.settings.model_dir, self.settings.device, self.settings.max_slots)
-        self.samplers = Samplers(self.host.tokenizer, self.settings.device, self.host.max_len)
+        self.samplers = Samplers(self.host.tokenizer, self.settings.device, self.host.max_len, self.settings.seed)
         self.sampler_sessions: dict[str, str] = {}  # sampling session id -> sampler key
         self._jobs: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = queue.Queue()
         self._worker = threading.Thread(target=self._work, name="tinker-trainer", daemon=True)
