@@ -126,6 +126,7 @@ def test_sdk_basic_calls(tinker_python: str, trainer_server: Callable[..., Any],
     assert out["losses"][-1] < out["losses"][0] / 2  # LoRA SFT on one answer: the loss falls
     assert set(out["rl_losses"]) == {"importance_sampling", "ppo", "cispo", "dro", "gspo"}
     assert all(math.isfinite(v) for v in out["rl_losses"].values())
+    assert out["custom"]["mean_nll"] > 0  # forward_backward_custom: forward, then the cross-entropy surrogate
     assert len(out["samples"]) == 4
     for tokens, logprobs, stop in out["samples"]:
         assert len(tokens) == len(logprobs) > 0 and all(lp <= 0 for lp in logprobs)

@@ -66,6 +66,13 @@ def basic(sc, state: dict) -> dict:
         for loss in ("importance_sampling", "ppo", "cispo", "dro", "gspo")
     }
     tc.optim_step(types.AdamParams(learning_rate=0.0)).result()
+
+    def mean_nll(data, logprobs):  # a custom loss: the SDK runs it client-side, over forward's logprobs
+        loss = sum(-lp.mean() for lp in logprobs)
+        return loss, {"mean_nll": float(loss)}
+
+    custom = tc.forward_backward_custom([datum], mean_nll).result()
+    tc.optim_step(types.AdamParams(learning_rate=0.0)).result()
     sampler = tc.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(tok.encode(QUESTION, add_special_tokens=False))
     res = sampler.sample(prompt, num_samples=4, sampling_params=types.SamplingParams(max_tokens=6, seed=3)).result()
@@ -81,6 +88,7 @@ def basic(sc, state: dict) -> dict:
         "forward_logprobs": fwd.loss_fn_outputs[0]["logprobs"].tolist(),
         "losses": losses,
         "rl_losses": metrics,
+        "custom": custom.metrics,
         "samples": [[s.tokens, s.logprobs, s.stop_reason] for s in res.sequences],
         "prompt_logprobs": with_prompt.prompt_logprobs,
         "prompt_len": len(prompt.to_ints()),
