@@ -192,6 +192,10 @@ def test_bad_payloads_get_4xx_with_a_message(trainer_server: Callable[..., Any])
         unserved = http.post("/save_weights_external", json={})
         assert unserved.status_code == 422 and "not supported" in unserved.json()["detail"]
         assert all(r.headers["x-should-retry"] == "false" for r in (bad_json, missing, unknown))
+        rebound = http.get("/get_server_capabilities", headers={"Host": "evil.example"})
+        assert rebound.status_code == 403  # a DNS-rebinding page names its own host
+        form = http.post("/create_session", content=b"a=1", headers={"content-type": "text/plain"})
+        assert form.status_code == 415
 
 
 def test_cli_refuses_a_public_bind_without_a_key() -> None:

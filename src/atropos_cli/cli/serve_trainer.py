@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 
 from atropos_cli.cli.common import cli_errors, console, fail
-from atropos_cli.cli.options import ModelOptions, with_options
+from atropos_cli.cli.options import AllowedHosts, ModelOptions, with_options
 from atropos_cli.errors import EXIT_USAGE
 from atropos_cli.httpserve import LIMIT_FLAGS, HttpLimits
 
@@ -37,6 +37,7 @@ def serve_trainer_command(
         str | None,
         typer.Option(envvar="ATROPOS_TINKER_API_KEY", help="Require this key (X-API-Key, 'tml-...': TINKER_API_KEY)."),
     ] = None,
+    allowed_host: AllowedHosts = None,
     **limits: Any,
 ) -> None:
     """Serve the Tinker training API (the tinker SDK's service, training and sampling clients) on a local model."""
@@ -70,7 +71,7 @@ def serve_trainer_command(
             device=resolve_device(device),
             max_slots=max_slots,
         )
-        app = create_app(settings, api_key=api_key, max_body_mb=max_body_mb)
+        app = create_app(settings, api_key, max_body_mb, host, allowed_host)
         console.print(
             f"atropos serve-trainer on http://{host}:{port} | model {model} on {settings.device} | "
             f"checkpoints in {settings.state_dir} | {max_slots} slots",

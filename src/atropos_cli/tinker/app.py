@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.requests import ClientDisconnect
 
 from atropos_cli.errors import ApiRequestError
-from atropos_cli.httpguard import BodyLimit
+from atropos_cli.httpguard import BodyLimit, BrowserGuard, HostPolicy
 from atropos_cli.tinker import protowire, wire
 from atropos_cli.tinker.errors import invalid, not_found, unsupported
 from atropos_cli.tinker.service import Service, Settings
@@ -79,7 +79,14 @@ async def _json(request: Request) -> Any:
         raise invalid(f"request body is not valid JSON ({exc})") from None
 
 
-def create_app(settings: Settings, api_key: str | None = None, max_body_mb: float = 256.0) -> FastAPI:
+def create_app(
+    settings: Settings,
+    api_key: str | None = None,
+    max_body_mb: float = 256.0,
+    host: str = "127.0.0.1",
+    allowed_hosts: list[str] | None = None,
+) -> FastAPI:
+    """The app; `host` (the bound address) and `allowed_hosts` are the Host values it answers (DNS rebinding)."""
     service = Service(settings)
 
     @contextlib.asynccontextmanager
@@ -94,6 +101,8 @@ def create_app(settings: Settings, api_key: str | None = None, max_body_mb: floa
     app.add_middleware(BodyLimit, max_bytes=int(max_body_mb * 1024 * 1024), render=_error)
     if api_key:
         app.add_middleware(KeyAuth, api_key=api_key)
+    hosts = HostPolicy(host, allowed_hosts or [])
+    app.add_middleware(BrowserGuard, render=_error, hosts=hosts, body_types=("application/json", PROTOBUF))
 
     @app.exception_handler(ApiRequestError)
     async def _refused(_: Request, exc: ApiRequestError) -> JSONResponse:
