@@ -42,7 +42,7 @@ LAYERS = [
     {"atropos_cli.tokens", "atropos_cli.env", "atropos_cli.datagen", "atropos_cli.paths"},
     {"atropos_cli.envs", "atropos_cli.formats", "atropos_cli.api"},
     {"atropos_cli.runs", "atropos_cli.testing"},
-    {"atropos_cli.trainer", "atropos_cli.compat", "atropos_cli.adapters"},
+    {"atropos_cli.trainer", "atropos_cli.compat", "atropos_cli.adapters", "atropos_cli.tinker"},
     {"atropos_cli.cli", "atropos_cli", "atropos_cli.__main__"},
 ]
 

@@ -106,11 +106,16 @@ class HostPolicy:
 
 
 def refusal(
-    method: str, headers: Mapping[str, str], policy: HostPolicy, host_count: int = 1
+    method: str,
+    headers: Mapping[str, str],
+    policy: HostPolicy,
+    host_count: int = 1,
+    body_types: tuple[str, ...] = ("application/json",),
 ) -> tuple[int, str, str, str] | None:
     """(status, message, hint, metrics reason) when the request must be refused, else None. `headers` has
     lower-case names; `host_count` is how many Host headers the request carried (more than one is refused: a
-    proxy and this server could each read another)."""
+    proxy and this server could each read another); a body must be one of `body_types` (none a browser form
+    can send cross-site without a preflight)."""
     if host_count > 1:
         return 400, f"request has {host_count} Host headers", "send exactly one Host header", "bad_host"
     host = headers.get("host")
@@ -134,10 +139,10 @@ def refusal(
     has_body = headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
     if method in _BODY_METHODS and has_body:
         media = headers.get("content-type", "").split(";")[0].strip().lower()
-        if media != "application/json":
+        if media not in body_types:
             return (
                 415,
-                f"request body must be Content-Type: application/json, got {media or 'none'!r}",
+                f"request body must be Content-Type: {' or '.join(body_types)}, got {media or 'none'!r}",
                 "send JSON with Content-Type: application/json (gzip: add Content-Encoding: gzip)",
                 "content_type",
             )
@@ -147,10 +152,11 @@ def refusal(
 class BrowserGuard:
     def __init__(
         self, app: ASGIApp, render: Render, on_reject: Callable[[str], None] | None = None,
-        hosts: HostPolicy | None = None,
+        hosts: HostPolicy | None = None, body_types: tuple[str, ...] = ("application/json",),
     ) -> None:  # fmt: skip
         self.app, self.render, self.on_reject = app, render, on_reject
         self.hosts = hosts or HostPolicy()
+        self.body_types = body_types
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
@@ -159,7 +165,7 @@ class BrowserGuard:
         names = [k.decode("latin-1").lower() for k, _ in scope["headers"]]
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         method = scope.get("method", "GET")  # a WebSocket handshake is a GET, held to the same rules
-        refused = refusal(method, headers, self.hosts, names.count("host"))
+        refused = refusal(method, headers, self.hosts, names.count("host"), self.body_types)
         if refused is None:
             await self.app(scope, receive, send)
             return

@@ -147,10 +147,10 @@ class ReferenceView:
         return forward
 
 
-def _lora_layers(inner: Any) -> dict[str, Any]:
+def _lora_layers(inner: Any, adapter: str = ADAPTER) -> dict[str, Any]:
     from peft.tuners.lora import LoraLayer
 
-    return {name: m for name, m in inner.named_modules() if isinstance(m, LoraLayer) and ADAPTER in m.lora_A}
+    return {name: m for name, m in inner.named_modules() if isinstance(m, LoraLayer) and adapter in m.lora_A}
 
 
 def merged_keys(model: Any) -> list[str]:
@@ -158,7 +158,7 @@ def merged_keys(model: Any) -> list[str]:
     return [k.replace(".base_layer.", ".") for k in unwrap(model).state_dict() if ".lora_" not in k]
 
 
-def iter_merged(model: Any, fp32: bool = False) -> Iterator[tuple[str, Any]]:
+def iter_merged(model: Any, fp32: bool = False, adapter: str = ADAPTER) -> Iterator[tuple[str, Any]]:
     """(key, tensor) of the base model with every adapter folded in (W + B·A·scaling), under the plain key names
     (no `base_model.model.` prefix, no `.base_layer`, no lora_* tensors). One merged weight exists at a time, so
     a sync into the inference engine needs no second copy of the model; the training model is untouched.
@@ -168,7 +168,7 @@ def iter_merged(model: Any, fp32: bool = False) -> Iterator[tuple[str, Any]]:
     import torch
 
     inner = unwrap(model)
-    layers = _lora_layers(inner)
+    layers = _lora_layers(inner, adapter)
     for key, tensor in inner.state_dict().items():
         if ".lora_" in key:
             continue
@@ -176,7 +176,7 @@ def iter_merged(model: Any, fp32: bool = False) -> Iterator[tuple[str, Any]]:
         module, _, leaf = clean.rpartition(".")
         if leaf == "weight" and module in layers:
             with torch.no_grad():
-                delta = layers[module].get_delta_weight(ADAPTER)
+                delta = layers[module].get_delta_weight(adapter)
                 merged = tensor.float() + delta.float()
                 tensor = merged if fp32 else merged.to(tensor.dtype)
         yield clean, tensor

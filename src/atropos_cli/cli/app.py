@@ -53,6 +53,10 @@ COMMANDS: dict[str, LazyCommand] = {
         "atropos_cli.cli.api",
         "Serve the trajectory queue: envs POST scored groups, trainers GET exact-size batches (Atropos wire).",
     ),
+    "serve-trainer": LazyCommand(
+        "atropos_cli.cli.serve_trainer",
+        "Serve the Tinker training API (the tinker SDK's service, training and sampling clients) on a local model.",
+    ),
     "serve": LazyCommand(
         "atropos_cli.cli.serve",
         "Run ENV online: register with the API, collect groups with up to max_num_workers workers, post them.",

@@ -167,10 +167,17 @@ class LocalBackend:
         max_batch_size: int = 128,
         max_wait_s: float = 0.002,
         num_threads: int | None = None,
+        model: tuple[Any, Any] | None = None,
     ) -> None:
+        """`model`: (model, tokenizer) already in memory (the Tinker service's sampler weights), instead of
+        loading `config.model_name`."""
         self.config = config
         self.model_name = config.model_name
-        self._state = load_model(config.model_name, config.device, config.dtype)
+        self._state = (
+            _Loaded(model[0], model[1], 0, config.model_name)
+            if model is not None
+            else load_model(config.model_name, config.device, config.dtype)
+        )
         self.device = str(self._state.model.device)
         set_cpu_threads(self._state.model, num_threads)
         # static engines by (model, group width, group slots), least recently used first (`_engine`)
@@ -185,6 +192,11 @@ class LocalBackend:
     @property
     def tokenizer(self) -> Any:
         return self._state.tokenizer
+
+    @property
+    def model(self) -> Any:
+        """The model the next batch samples from."""
+        return self._state.model
 
     @property
     def tokenizer_name(self) -> str:
