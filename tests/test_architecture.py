@@ -37,6 +37,7 @@ LAYERS = [
         "atropos_cli.httpclient",
         "atropos_cli.attention",
         "atropos_cli.families",
+        "atropos_cli.compile_cache",
     },
     {"atropos_cli.inference"},
     {"atropos_cli.tokens", "atropos_cli.env", "atropos_cli.datagen", "atropos_cli.paths"},
