@@ -81,6 +81,7 @@ def metrics(log_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
+@pytest.mark.slow  # ~50 s on 2 cores: CI's time budget; the SDK's forward_backward/optim_step are in CI above
 def test_cookbook_sl_loop_lowers_the_loss(
     tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path
 ) -> None:
