@@ -322,9 +322,8 @@ def default_micro_batch_tokens(
     Larger models get smaller micro-batches instead of running out of memory (3B on 2 x 80 GB: 8k). CPU: 8k."""
     if not device.startswith("cuda"):
         return 8192
-    free = 0.8 * gpu_bytes - held_bytes if gpu_bytes is not None else float("inf")
     for tokens in (32768, 16384, 8192) if sharded else (16384, 8192):
-        if tokens * bytes_per_token <= free:
+        if _activations_fit(tokens, gpu_bytes, held_bytes, bytes_per_token):
             return tokens
     return MIN_MICRO_BATCH
 
@@ -332,12 +331,17 @@ def default_micro_batch_tokens(
 MIN_MICRO_BATCH = 4096  # the smallest default micro-batch
 
 
+def _activations_fit(tokens: int, gpu_bytes: int | None, held_bytes: int, bytes_per_token: int) -> bool:
+    """A micro-batch of `tokens` fits beside `held_bytes` of training state in 80% of the GPU (no GPU: yes)."""
+    return gpu_bytes is None or held_bytes + tokens * bytes_per_token <= 0.8 * gpu_bytes
+
+
 def auto_grad_sync(
     gpu_bytes: int | None, sharded: bool, step_state_bytes: int, bytes_per_token: int
 ) -> Literal["step", "micro-batch"]:
     """--grad-sync auto: "step" (one reduce-scatter a step: the faster) unless the unsharded gradient it keeps
     leaves no room for a 4k-token micro-batch in 80% of the GPU; then "micro-batch" (sharded gradients)."""
-    roomy = gpu_bytes is None or step_state_bytes + MIN_MICRO_BATCH * bytes_per_token <= 0.8 * gpu_bytes
+    roomy = _activations_fit(MIN_MICRO_BATCH, gpu_bytes, step_state_bytes, bytes_per_token)
     return "step" if roomy or not sharded else "micro-batch"
 
 
