@@ -66,3 +66,14 @@ def assert_faithful(group: dict[str, Any]) -> None:
         assert len(segments) == len(replies)
         for segment, reply in zip(segments, replies, strict=True):
             assert tok.decode(segment, skip_special_tokens=True).strip() == reply.strip()
+
+
+def assert_one_line_errors(cases: dict[str, str], tmp_path: Path) -> None:
+    """Each `process SPEC` of `cases` (spec -> the message it must print) is refused with one error line, exit 2,
+    before any model loads, and writes nothing."""
+    for spec, message in cases.items():
+        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
+        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
+        assert result.exit_code == 2 and message in result.output, (spec, result.output)
+        assert "Traceback" not in result.output and "local backend" not in result.output
+        assert not (tmp_path / "x" / "groups.jsonl").exists()

@@ -21,6 +21,7 @@ from adapter_cases import NEMOGYM_CASE, python_of
 from atropos_cli.cli.app import app
 from atropos_cli.testing import FakeInferenceServer, free_port
 from atropos_cli.tokens import MASKED
+from served_envs import assert_one_line_errors
 
 SUM_TOOL = Path(__file__).parent / "nemogym_envs" / "sum_tool"
 TASKS = SUM_TOOL / "data" / "example.jsonl"
@@ -161,10 +162,4 @@ def test_bad_targets_and_rows_are_one_line_errors(tmp_path):
         f"nemogym:{SUM_TOOL} --env.dataset {bad_rows}": "rows.jsonl:1: a task row needs a responses_create_params",
         f"nemogym:{SUM_TOOL} --env.tool_parser nope": "nope",
     }
-    for spec, message in cases.items():
-        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
-        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
-        # refused with one error line before any model loads, nothing written
-        assert result.exit_code == 2 and message in result.output, (spec, result.output)
-        assert "Traceback" not in result.output and "local backend" not in result.output
-        assert not (tmp_path / "x" / "groups.jsonl").exists()
+    assert_one_line_errors(cases, tmp_path)

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from adapter_cases import OPENENV_CASE, python_of
 from atropos_cli.cli.app import app
 from differential import missing
-from served_envs import assert_faithful, process, wait_for_export
+from served_envs import assert_faithful, assert_one_line_errors, process, wait_for_export
 
 PYTHON = os.environ.get("ATROPOS_OPENENV_PYTHON", "")
 SETUP = (
@@ -108,13 +108,7 @@ def test_bad_targets_are_one_line_errors(tmp_path):
         "openenv:no_such_openenv_pkg": "package 'no_such_openenv_pkg' is not installed",
         "openenv:echo_env --env.python /no/such/python": "does not exist",
     }
-    for spec, message in cases.items():
-        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
-        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
-        # refused with one error line before any model loads, nothing written
-        assert result.exit_code == 2 and message in result.output, result.output
-        assert "Traceback" not in result.output and "local backend" not in result.output
-        assert not (tmp_path / "x" / "groups.jsonl").exists()
+    assert_one_line_errors(cases, tmp_path)
 
 
 def test_a_package_server_that_fails_or_does_not_fit_says_why(tmp_path):

@@ -19,11 +19,9 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
-from typer.testing import CliRunner
 
 from adapter_cases import ORS_CASE, python_of, run_env
-from atropos_cli.cli.app import app
-from served_envs import assert_faithful, process
+from served_envs import assert_faithful, assert_one_line_errors, process
 
 ENVS = Path(__file__).parent / "ors_envs"
 ATROPOS_FILE = str(Path(__file__).parent / "data" / "atropos_envs" / "math_n_choices.py")
@@ -93,12 +91,7 @@ def test_bad_targets_are_one_line_errors(tmp_path):
         "ors:guess_ors --env.python /no/such/python": "does not exist",
         "ors:guess_ors --env.tool_parser nope": "unknown tool-call parser 'nope'",
     }
-    for spec, message in cases.items():
-        args = ["process", *spec.split(), "--num-groups", "1", "--out", str(tmp_path / "x")]
-        result = CliRunner().invoke(app, args, env={"COLUMNS": "300"})
-        assert result.exit_code == 2 and message in result.output, result.output
-        assert "Traceback" not in result.output and "local backend" not in result.output
-        assert not (tmp_path / "x" / "groups.jsonl").exists()
+    assert_one_line_errors(cases, tmp_path)
 
 
 # ---- out: atropos export ors --------------------------------------------------------------------------------
