@@ -1,6 +1,7 @@
 """Where a decode step of the rollout engine goes: GPU time per kernel, the graph replay's time, the host's share.
 
     python benchmarks/profile_engine.py --batches 64,512 --out /tmp/engine_profile.md
+    python benchmarks/profile_engine.py --family Qwen3-0.6B --batches 512       # a published shape of families.py
     python benchmarks/profile_engine.py --tiny --device cpu --batches 8 --new-tokens 16     # smoke test
 
 Same model and rows as `bench_generation.py` (Qwen2.5-0.5B shape, random weights, bf16, 256-token prompts, 256
@@ -56,6 +57,7 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--attention", default=None, help="triton, fused or plain (default: the engine's)")
     parser.add_argument("--top", type=int, default=25, help="kernels listed by name")
+    parser.add_argument("--family", default=None, help="a shape of atropos_cli/families.py")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
 
@@ -64,10 +66,18 @@ def main() -> None:
 
     engine_module.ATTENTION = args.attention
     cuda = args.device.startswith("cuda")
-    model = build_model(args.tiny, args.device)
+    if args.family:
+        from atropos_cli import families
+
+        dtype = torch.bfloat16 if cuda else torch.float32
+        model = families.build(args.family, tiny=args.tiny, dtype=dtype, device=args.device)
+        model.generation_config.eos_token_id = None
+    else:
+        model = build_model(args.tiny, args.device)
     name = torch.cuda.get_device_name() if cuda else "cpu"
     lines = [
-        f"# engine profile: {name}, torch {torch.__version__}, attention {engine_module.attention_kind(cuda)}",
+        f"# engine profile: {args.family or 'Qwen2.5-0.5B'} on {name}, torch {torch.__version__}, "
+        f"attention {engine_module.attention_kind(cuda)}",
         f"{args.prompt_tokens}-token prompts, {args.new_tokens} sampled tokens a row, groups of {args.group}",
     ]
     for batch in (int(b) for b in args.batches.split(",")):

@@ -25,8 +25,8 @@
 #                    atropos_cli/families.py; default the small ones) at GEN_BATCHES (512): each shape's engine
 #                    exactness past its window, then ours beside transformers generate. Run several side by side
 #                    (families@0 families@1 ...) with FAMILIES set per round through FAMILIES_<GPU>.
-#   engine-profile   profile_engine.py at ENGINE_BATCHES (64,512): a decode step split into graph replays and
-#                    host work, its kernels by kind.
+#   engine-profile   profile_engine.py at ENGINE_BATCHES (64,512) on ENGINE_FAMILY (a published shape; default
+#                    Qwen2.5-0.5B): a decode step split into graph replays and host work, its kernels by kind.
 #   loop-split       the one-command loop on the 0.5B shape (`atropos train arithmetic`, 32 groups x 8 a step,
 #                    LOOP_STEPS (5) steps): generation / scoring / training / weight sync / engine batches a step.
 #   async            (2 GPUs) bench_async.py: a smoke row, then the colocated sync loop against async 1 (1 trainer
@@ -117,7 +117,8 @@ round_families() {
 }
 
 round_engine_profile() {
-    python3 benchmarks/profile_engine.py --batches "${ENGINE_BATCHES:-64,512}" --out "$OUT/engine_profile.md" \
+    python3 benchmarks/profile_engine.py --batches "${ENGINE_BATCHES:-64,512}" ${ENGINE_FAMILY:+--family "$ENGINE_FAMILY"} \
+        --out "$OUT/engine_profile.md" \
         > "$OUT/profile.log" 2>&1
     cat "$OUT/engine_profile.md" 2>/dev/null || tail -30 "$OUT/profile.log"
 }
