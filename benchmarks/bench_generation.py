@@ -237,6 +237,7 @@ def family_rows(args) -> list[str]:
                 cell = f"{tps:,.0f} | {first:.1f}"
             except Exception as exc:
                 tps, cell = None, f"failed: {type(exc).__name__}: {str(exc)[:160]} | "
+            print(f"  {shape} batch {batch}: ours {cell} (tok/s | first call s); generate next", flush=True)
             torch.cuda.empty_cache() if args.device.startswith("cuda") else None
             hf = None
             if not args.no_generate:
