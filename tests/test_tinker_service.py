@@ -4,11 +4,14 @@ that venv against a real server on 127.0.0.1, stopped after."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from atropos_cli.testing import free_port
 from differential import venv_python
 
 DRIVE = Path(__file__).parent / "tinker_sdk" / "drive.py"
@@ -222,6 +226,38 @@ def test_bad_payloads_get_4xx_with_a_message(trainer_server: Callable[..., Any])
         assert rebound.status_code == 403  # a DNS-rebinding page names its own host
         form = http.post("/create_session", content=b"a=1", headers={"content-type": "text/plain"})
         assert form.status_code == 415
+
+
+def test_replicas_train_as_one_rank(tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path) -> None:
+    """`serve-trainer --nproc-per-node 2` (two gloo ranks on CPU, each a replica; forward_backward's datums split
+    between them, gradients summed before optim_step) trains a LoRA client and a full fine-tune as one rank does."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "atropos_cli", "serve-trainer", "--nproc-per-node", "2", "--device", "cpu",
+           "--port", str(port), "--state-dir", str(tmp_path / "replicated")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/api/v1/healthz").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "serve-trainer --nproc-per-node 2 did not come up"
+            time.sleep(0.2)
+        out = drive(tinker_python, url, "replicas", tmp_path, {"single": trainer_server().url})
+    finally:
+        server.send_signal(signal.SIGINT)  # as Ctrl-C: rank 0 closes the service, the other rank leaves with it
+        log, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, log[-3000:]
+    two, one = out["ranks"], out["single"]
+    for rank in ("4", "0"):
+        assert two[rank]["losses"] == pytest.approx(one[rank]["losses"], rel=1e-4), rank
+        assert two[rank]["norms"] == pytest.approx(one[rank]["norms"], rel=1e-3), rank
+        assert two[rank]["losses"][-1] < two[rank]["losses"][0], rank  # it trained
+        for a, b in zip(two[rank]["logprobs"], one[rank]["logprobs"], strict=True):
+            assert a == pytest.approx(b, rel=1e-3), rank  # two Adam steps on sums in another order
 
 
 def test_cli_refuses_a_public_bind_without_a_key() -> None:
