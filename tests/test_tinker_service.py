@@ -221,6 +221,8 @@ def test_bad_payloads_get_4xx_with_a_message(trainer_server: Callable[..., Any])
         assert path.status_code == 400
         unserved = http.post("/save_weights_external", json={})
         assert unserved.status_code == 422 and "not supported" in unserved.json()["detail"]
+        registry = http.get("/sessions/search")  # the REST registry's session routes; /finish is served
+        assert registry.status_code == 422 and "session registry" in registry.json()["detail"]
         assert all(r.headers["x-should-retry"] == "false" for r in (bad_json, missing, unknown))
         rebound = http.get("/get_server_capabilities", headers={"Host": "evil.example"})
         assert rebound.status_code == 403  # a DNS-rebinding page names its own host
