@@ -111,16 +111,16 @@ def test_cookbook_recipes_run_unchanged(tinker_python: str, trainer_server: Call
     server = trainer_server()
     common = [f"model_name={model}", "renderer_name=role_colon", "lora_rank=8", "save_every=0", "eval_every=0"]
     run_recipe(tinker_python, server.url, "chat_sl.train", *common, f"dataset={data}", f"log_path={tmp_path / 'sl'}",
-               "batch_size=8", "num_epochs=3", "learning_rate=1e-2", "lr_schedule=constant",
+               "batch_size=8", "num_epochs=2", "learning_rate=1e-2", "lr_schedule=constant",
                "max_length=64")  # fmt: skip
     nll = [m["train_mean_nll"] for m in metrics(tmp_path / "sl") if "train_mean_nll" in m]
-    assert len(nll) == 6 and nll[-1] < nll[0] / 2, nll
+    assert len(nll) == 4 and nll[-1] < nll[0] * 0.7, nll
     sl_state = json.loads((tmp_path / "sl" / "checkpoints.jsonl").read_text().splitlines()[-1])["state_path"]
     run_recipe(tinker_python, server.url, "math_rl.train", *common, "env=arithmetic", f"log_path={tmp_path / 'rl'}",
                f"load_checkpoint_path={sl_state}", "group_size=4", "groups_per_batch=4", "max_tokens=8",
-               "learning_rate=3e-3", "loss_fn=importance_sampling", "max_steps=2")  # fmt: skip
+               "learning_rate=3e-3", "loss_fn=importance_sampling", "max_steps=1")  # fmt: skip
     steps = [m for m in metrics(tmp_path / "rl") if "env/all/reward/total" in m]
-    assert len(steps) == 2 and all(m["env/all/total_episodes"] == 16 for m in steps), steps
+    assert len(steps) == 1 and all(m["env/all/total_episodes"] == 16 for m in steps), steps
     # the sampler's log-probs of the sampled tokens are the trainer's: both serve the SL run's weights
     assert all(abs(m["optim/kl_sample_train_v1"]) < 1e-3 for m in steps), steps
     final = json.loads((tmp_path / "rl" / "checkpoints.jsonl").read_text().splitlines()[-1])
