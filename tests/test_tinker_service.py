@@ -4,11 +4,14 @@ that venv against a real server on 127.0.0.1, stopped after."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 
+from atropos_cli.testing import free_port
 from differential import venv_python
 
 DRIVE = Path(__file__).parent / "tinker_sdk" / "drive.py"
@@ -70,36 +74,57 @@ def drive(python: str, url: str, scenario: str, tmp_path: Path, state: dict[str,
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def run_cookbook(python: str, url: str, *args: str) -> None:
+def run_sdk(*command: str, url: str) -> None:
+    """`command` with the SDK pointed at `url` (offline), as a user runs it; it must succeed."""
     env = {**os.environ, "TINKER_BASE_URL": url, "TINKER_API_KEY": "tml-local", "HF_HUB_OFFLINE": "1"}
     env.pop("TINKER_CREDENTIAL_CMD", None)
-    proc = subprocess.run([python, str(COOKBOOK), *args], env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def run_cookbook(python: str, url: str, *args: str) -> None:
+    run_sdk(python, str(COOKBOOK), *args, url=url)
 
 
 def metrics(log_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (log_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
 
 
-@pytest.mark.slow  # ~50 s on 2 cores: CI's time budget; the SDK's forward_backward/optim_step are in CI above
-def test_cookbook_sl_loop_lowers_the_loss(
-    tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path
-) -> None:
-    """The cookbook's supervised loop on a conversations file in a format the model has not seen."""
+def run_recipe(python: str, url: str, recipe: str, *args: str) -> None:
+    """`python -m tinker_cookbook.recipes.RECIPE ARGS`: the recipe's own chz command line."""
+    run_sdk(python, "-m", f"tinker_cookbook.recipes.{recipe}", *args, "behavior_if_log_dir_exists=delete", url=url)
+
+
+def test_cookbook_recipes_run_unchanged(tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path) -> None:
+    """The cookbook's chat SL recipe on a conversations file lowers the loss; its math RL recipe (arithmetic env)
+    then runs from the SL run's final checkpoint: each one its own unchanged CLI entry point, in a subprocess.
+    The tiny model's own template has no cookbook renderer: both use the cookbook's `role_colon` (plain text)."""
     from atropos_cli.resources import resolve_model_path
 
-    rows = [(a, b) for a in (3, 11, 20, 27) for b in (5, 14, 22, 30)]
+    model = resolve_model_path("atropos-tiny-arith")
     data = tmp_path / "conversations.jsonl"
     data.write_text("".join(
         json.dumps({"messages": [{"role": "user", "content": f"What is {a} + {b}?"},
-                                 {"role": "assistant", "content": f"{a} + {b} = {a + b}"}]}) + "\n"
-        for a, b in rows
+                                 {"role": "assistant", "content": str(a + b)}]}) + "\n"
+        for a in (3, 11, 20, 27) for b in (5, 14, 22, 30)
     ))  # fmt: skip
     server = trainer_server()
-    run_cookbook(tinker_python, server.url, "sl", resolve_model_path("atropos-tiny-arith"), str(tmp_path / "sl"),
-                 str(data), "4")  # fmt: skip
+    common = [f"model_name={model}", "renderer_name=role_colon", "lora_rank=8", "save_every=0", "eval_every=0"]
+    run_recipe(tinker_python, server.url, "chat_sl.train", *common, f"dataset={data}", f"log_path={tmp_path / 'sl'}",
+               "batch_size=8", "num_epochs=2", "learning_rate=1e-2", "lr_schedule=constant",
+               "max_length=64")  # fmt: skip
     nll = [m["train_mean_nll"] for m in metrics(tmp_path / "sl") if "train_mean_nll" in m]
-    assert len(nll) == 4 and nll[-1] < nll[0] * 0.9, nll
+    assert len(nll) == 4 and nll[-1] < nll[0] * 0.7, nll
+    sl_state = json.loads((tmp_path / "sl" / "checkpoints.jsonl").read_text().splitlines()[-1])["state_path"]
+    run_recipe(tinker_python, server.url, "math_rl.train", *common, "env=arithmetic", f"log_path={tmp_path / 'rl'}",
+               f"load_checkpoint_path={sl_state}", "group_size=4", "groups_per_batch=4", "max_tokens=8",
+               "learning_rate=3e-3", "loss_fn=importance_sampling", "max_steps=1")  # fmt: skip
+    steps = [m for m in metrics(tmp_path / "rl") if "env/all/reward/total" in m]
+    assert len(steps) == 1 and all(m["env/all/total_episodes"] == 16 for m in steps), steps
+    # the sampler's log-probs of the sampled tokens are the trainer's: both serve the SL run's weights
+    assert all(abs(m["optim/kl_sample_train_v1"]) < 1e-3 for m in steps), steps
+    final = json.loads((tmp_path / "rl" / "checkpoints.jsonl").read_text().splitlines()[-1])
+    assert final["sampler_path"].endswith("/sampler_weights/final") and final["cumulative_tokens"]["sampled"] > 0
 
 
 @pytest.mark.parametrize(
@@ -196,11 +221,45 @@ def test_bad_payloads_get_4xx_with_a_message(trainer_server: Callable[..., Any])
         assert path.status_code == 400
         unserved = http.post("/save_weights_external", json={})
         assert unserved.status_code == 422 and "not supported" in unserved.json()["detail"]
+        registry = http.get("/sessions/search")  # the REST registry's session routes; /finish is served
+        assert registry.status_code == 422 and "session registry" in registry.json()["detail"]
         assert all(r.headers["x-should-retry"] == "false" for r in (bad_json, missing, unknown))
         rebound = http.get("/get_server_capabilities", headers={"Host": "evil.example"})
         assert rebound.status_code == 403  # a DNS-rebinding page names its own host
         form = http.post("/create_session", content=b"a=1", headers={"content-type": "text/plain"})
         assert form.status_code == 415
+
+
+def test_replicas_train_as_one_rank(tinker_python: str, trainer_server: Callable[..., Any], tmp_path: Path) -> None:
+    """`serve-trainer --nproc-per-node 2` (two gloo ranks on CPU, each a replica; forward_backward's datums split
+    between them, gradients summed before optim_step) trains a LoRA client and a full fine-tune as one rank does."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "atropos_cli", "serve-trainer", "--nproc-per-node", "2", "--device", "cpu",
+           "--port", str(port), "--state-dir", str(tmp_path / "replicated")]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, server.stdout.read() if server.stdout else ""
+            with contextlib.suppress(httpx.TransportError):
+                if httpx.get(url + "/api/v1/healthz").status_code == 200:
+                    break
+            assert time.monotonic() < deadline, "serve-trainer --nproc-per-node 2 did not come up"
+            time.sleep(0.2)
+        out = drive(tinker_python, url, "replicas", tmp_path, {"single": trainer_server().url})
+    finally:
+        server.send_signal(signal.SIGINT)  # as Ctrl-C: rank 0 closes the service, the other rank leaves with it
+        log, _ = server.communicate(timeout=60)
+    assert server.returncode == 0, log[-3000:]
+    two, one = out["ranks"], out["single"]
+    for rank in ("4", "0"):
+        assert two[rank]["losses"] == pytest.approx(one[rank]["losses"], rel=1e-4), rank
+        assert two[rank]["norms"] == pytest.approx(one[rank]["norms"], rel=1e-3), rank
+        assert two[rank]["losses"][-1] < two[rank]["losses"][0], rank  # it trained
+        for a, b in zip(two[rank]["logprobs"], one[rank]["logprobs"], strict=True):
+            assert a == pytest.approx(b, rel=1e-3), rank  # two Adam steps on sums in another order
 
 
 def test_cli_refuses_a_public_bind_without_a_key() -> None:

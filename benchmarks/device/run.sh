@@ -49,13 +49,17 @@
 #   trainer-families bench_fsdp.py one-process rows (plain:SHAPE) of TRAINER_FAMILIES at the trainer's defaults,
 #                    mixed lengths, MFU; CAP (80) GiB a process, as an 80 GB card. Several side by side
 #                    (trainer-families@2 trainer-families@3) with TRAINER_FAMILIES_<GPU>.
+#   tinker           bench_tinker.py on the 0.5B shape (random weights, the tiny tokenizer): the official tinker SDK
+#                    (its wheels from .whl-tinker/, installed apart in /tmp/tinker-site, seen by the SDK's side only)
+#                    against `atropos serve-trainer`: forward_backward and sample tokens/s at LoRA r=RANK (32), beside
+#                    `atropos train arithmetic` TRAIN_STEPS (4) steps in the same run; under 6 minutes.
 #   two-nodes        (4 GPUs) two torchrun launchers of 2 GPUs each (--nnodes 2) against one launcher of 4, same
 #                    rollouts and flags: both loss curves and their largest difference.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
 ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async fsdp fsdp-variants replicas
-fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families"
+fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
 
@@ -233,6 +237,18 @@ round_trainer_families() {
     python3 benchmarks/bench_fsdp.py --rows "${rows%,}" --cap-gib "${CAP:-80}" --steps "${STEPS:-3}" \
         --warmup "${WARMUP:-2}" --row-timeout "${ROW_TIMEOUT:-200}" --out "$OUT/trainer-families-${gpus//,/-}.md" 2>&1 \
         | quiet | tee "$OUT/trainer-families-${gpus//,/-}.log"
+}
+
+round_tinker() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/tinker-site \
+        .whl-tinker/*.whl || { echo "error: cannot install the tinker SDK's wheels from .whl-tinker/" >&2; return 2; }
+    printf '#!/bin/sh\nPYTHONPATH=/tmp/tinker-site:%s exec python3 "$@"\n' "$PYTHONPATH" > /tmp/tinker-python
+    chmod +x /tmp/tinker-python
+    ATROPOS_TINKER_PYTHON=/tmp/tinker-python python3 benchmarks/bench_tinker.py --shape 0.5b --device cuda \
+        --rank "${RANK:-32}" --datums 64 --tokens 512 --samples 64 --max-tokens 256 --steps 3 \
+        --train-steps "${TRAIN_STEPS:-4}" --sdk-timeout 200 --train-timeout 120 --out "$OUT/tinker.md" \
+        > "$OUT/tinker.log" 2>&1
+    cat "$OUT/tinker.md" 2>/dev/null || quiet < "$OUT/tinker.log" | tail -30
 }
 
 run_round() {  # ROUND: its function, with $OUT/ROUND as its OUT

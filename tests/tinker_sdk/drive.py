@@ -177,11 +177,43 @@ def resume_load(sc, state: dict) -> dict:
     return {"loss": loss, "greedy": greedy.sequences[0].tokens, "trains": after, "missing": missing}
 
 
+def replicas(sc, state: dict) -> dict:
+    """A LoRA client and a full fine-tune, each two steps on three datums of unequal lengths, on this server (a
+    --nproc-per-node one: the datums split between its ranks) and on state["single"] (one rank): the losses,
+    gradient norms and the logprobs after, of both."""
+    return {"ranks": train_replicas(sc), "single": train_replicas(tinker.ServiceClient(base_url=state["single"]))}
+
+
+def train_replicas(sc) -> dict:
+    model = sc.get_server_capabilities().supported_models[0].model_name
+    out: dict = {}
+    for rank in (4, 0):
+        tc = sc.create_lora_training_client(base_model=model, rank=rank, seed=5).result()
+        data = [sft_datum(tc.get_tokenizer(), answer) for answer in ("5", "17", "123")]
+        losses, norms = [], []
+        for _ in range(2):
+            fb = tc.forward_backward(data, "cross_entropy").result()
+            step = tc.optim_step(types.AdamParams(learning_rate=1e-2 if rank else 1e-3)).result()
+            losses.append(fb.metrics["loss:sum"])
+            norms.append(step.metrics["grad_norm:mean"])
+        after = tc.forward(data, "cross_entropy").result()
+        out[str(rank)] = {"losses": losses, "norms": norms,
+                          "logprobs": [o["logprobs"].tolist() for o in after.loss_fn_outputs]}  # fmt: skip
+    return out
+
+
 def auth(sc, state: dict) -> dict:
     return {"models": [m.model_name for m in sc.get_server_capabilities().supported_models]}
 
 
-SCENARIOS = {"basic": basic, "tenants": tenants, "resume_save": resume_save, "resume_load": resume_load, "auth": auth}
+SCENARIOS = {
+    "basic": basic,
+    "tenants": tenants,
+    "resume_save": resume_save,
+    "resume_load": resume_load,
+    "auth": auth,
+    "replicas": replicas,
+}
 
 if __name__ == "__main__":
     scenario, state_file = sys.argv[1], sys.argv[2]

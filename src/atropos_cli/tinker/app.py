@@ -45,6 +45,10 @@ UNSERVED = {
     "/training_runs": "the REST training-run registry",
     "/checkpoints": "the REST checkpoint registry",
     "/auth/token": "token exchange (send your key in X-API-Key)",
+    "/auth/apikey": "API key introspection",
+    "/sessions": "the REST session registry (listing, search, project, trace export)",
+    "/audit": "the audit log",
+    "/billing": "billing",
 }
 
 

@@ -30,6 +30,7 @@ from atropos_cli.errors import ApiRequestError
 from atropos_cli.tinker import losses
 from atropos_cli.tinker.errors import invalid, not_found
 from atropos_cli.tinker.protowire import WireForwardBackward, write_forward_backward_output
+from atropos_cli.tinker.replicas import Replicated
 from atropos_cli.tinker.slots import Host, SlotSpec
 from atropos_cli.tinker.wire import CreateModel, LoadWeights, OptimStep, Sample, SaveWeights
 
@@ -69,6 +70,7 @@ class Settings:
     # its engine keeps its compiled step and CUDA graphs, and the older sampling client samples the new weights.
     # None: on CUDA only (a new engine costs a compile there; on CPU nothing).
     reuse_snapshots: bool | None = None
+    dist: Any = None  # the process group of --nproc-per-node ranks (trainer.scale.distributed.Dist); None: one
 
     @property
     def reuses_snapshots(self) -> bool:
@@ -78,7 +80,7 @@ class Settings:
 @dataclass
 class Service:
     settings: Settings
-    host: Host = field(init=False)
+    host: Host | Replicated = field(init=False)
     runs: dict[str, Run] = field(default_factory=dict)
     sessions: dict[str, float] = field(default_factory=dict)  # open session -> when it was last heard from
     futures: dict[str, Future] = field(default_factory=dict)
@@ -86,7 +88,9 @@ class Service:
     def __post_init__(self) -> None:
         from atropos_cli.tinker.sampling import Samplers
 
-        self.host = Host(self.settings.model_dir, self.settings.device, self.settings.max_slots)
+        host = Host(self.settings.model_dir, self.settings.device, self.settings.max_slots)
+        dist = self.settings.dist
+        self.host = Replicated(host, dist) if dist is not None and dist.world > 1 else host
         self.samplers = Samplers(self.host.tokenizer, self.settings.device, self.host.max_len, self.settings.seed)
         self.sampler_sessions: dict[str, str] = {}  # sampling session id -> sampler key
         self._jobs: queue.Queue[tuple[Callable[[], Any], concurrent.futures.Future[Any]] | None] = queue.Queue()
@@ -129,6 +133,8 @@ class Service:
         while True:
             item = self._jobs.get()
             if item is None:
+                if isinstance(self.host, Replicated):
+                    self.host.stop()
                 return
             job, done = item
             try:
