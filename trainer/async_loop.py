@@ -34,6 +34,7 @@ from typing import Any
 from atropos_cli.errors import AtroposError, PeerLost
 from atropos_cli.types import ScoredGroup
 
+from .data.draws import Draw
 from .data.item_stream import StreamCheck
 from .scale.distributed import Dist
 from .weights.weight_push import TrainerGone, WeightPusher, WeightReceiver
@@ -213,10 +214,10 @@ class EngineFeed:
             warning = self.stream_check.warning([marks[i] for i in range(self.roles.engines)])
             if warning:
                 self.on_event(warning)
-            batch = [g for i in range(self.roles.engines) for g in parts[i]]
+            batch = Draw.joined(parts[i] for i in range(self.roles.engines))
             yield self._checked(batch, trainer.step_count)
 
-    def _checked(self, batch: list[ScoredGroup], version: int) -> list[ScoredGroup]:
+    def _checked(self, batch: Draw, version: int) -> Draw:
         """Drop (and count) any group with a rollout older than the bound: a guard, the pacing prevents it."""
         kept = []
         for group in batch:
@@ -229,7 +230,7 @@ class EngineFeed:
         self.last.update(stale_dropped=float(self.dropped_stale), versions_unmatched=float(self.unmatched))
         total = sum(self.generate_s.values())  # the engines' sampling time since the last batch (all engines)
         self.last["generate_s"], self._generate_reported = total - self._generate_reported, total
-        return kept
+        return batch.kept(kept)
 
     def close(self, stop_engines: Any, timeout: float) -> None:
         """Stop the engines and take their last messages until each said "end" (or `timeout` passed)."""
