@@ -405,6 +405,16 @@ def main() -> None:
     lines += [f"layouts (trainers+engines): {args.layouts}", ""]
     work = Path(tempfile.mkdtemp(prefix="bench-async-"))
     panels: list[tuple[str, dict[str, list[list[float]]]]] = []
+    target = args.curves or args.out
+
+    def text() -> str:
+        plot = [plot_curves(panels, Path(args.curves).with_suffix(".png")), ""] if args.curves and panels else []
+        return "\n".join([*lines, *plot])
+
+    def flush() -> None:  # after every model x env: a run stopped at its time limit keeps what it finished
+        if target:
+            Path(target).write_text(text() + "\n")
+
     for model_name in args.models.split(","):
         model, lr = model_dir(model_name, work)
         for env_name in args.envs.split(","):
@@ -426,13 +436,8 @@ def main() -> None:
             if args.curves:
                 lines += curves_table(model_name, env_name, by_mode, seeds)
                 panels.append((f"{model_name}, {env_name}", by_mode))
-    if args.curves and panels:
-        lines += [plot_curves(panels, Path(args.curves).with_suffix(".png")), ""]
-    text = "\n".join(lines)
-    print(text)
-    target = args.curves or args.out
-    if target:
-        Path(target).write_text(text + "\n")
+            flush()
+    print(text())
 
 
 if __name__ == "__main__":
