@@ -78,9 +78,7 @@ class Row:
 
     @property
     def label(self) -> str:
-        if self.engines == 0:
-            return f"{self.mode} ({self.world} GPUs)"
-        if self.mode.endswith("auto"):
+        if self.engines == 0:  # the colocated loop, or auto (its split is chosen at launch)
             return f"{self.mode} ({self.world} GPUs)"
         return f"{self.mode} ({self.world - self.engines}+{self.engines})"
 

@@ -426,7 +426,7 @@ def _run(
     def record(metrics: dict[str, Any]) -> None:
         if probe is not None:
             metrics.update(probe.last)
-        if "reward_mean" in metrics:
+        if "reward_mean" in metrics and not metrics.get("skipped"):  # the summary's rewards are the trained steps'
             rewards.append(metrics["reward_mean"])
         summary.truncated += metrics.get("truncated", 0)
         summary.groups_filtered += metrics.get("groups_filtered", 0)
