@@ -7,7 +7,8 @@ last K run rollout engines (`engine_loop`): env workers on the local engine of t
 waiting for a step to finish unless the staleness bound says so.
 
 The protocol, per step u (the trainer is at version u-1 when it trains the batch of step u):
-- engine e makes its share of step u's groups once it received weights of version >= u-1-S (every engine
+- engine e makes its share of batch u's groups once the trainer has taken batch u-1-S (after each batch the
+  trainer pushes its new weights, or, for a batch with nothing to train, a credit without weights; every engine
   walks the env's one item stream and keeps its share of step u's items: `data/item_stream.py`), tags every
   token with the version that produced it and sends the groups to trainer rank 0 (gloo, pickled), with the
   digest of step u's items;
@@ -34,6 +35,7 @@ from typing import Any
 from atropos_cli.errors import AtroposError, PeerLost
 from atropos_cli.types import ScoredGroup
 
+from .data.draws import Draw
 from .data.item_stream import StreamCheck
 from .scale.distributed import Dist
 from .weights.weight_push import TrainerGone, WeightPusher, WeightReceiver
@@ -194,9 +196,11 @@ class EngineFeed:
             self.ended.add(index)
             raise peer_lost(self.roles.world, message[1])
 
-    def batches(self, trainer: Any) -> Iterator[list[ScoredGroup]]:
-        """Step by step, every engine's share of the step's groups (engine order), staleness-checked."""
-        step = trainer.step_count
+    def batches(self, trainer: Any, credit: Callable[[int, int], None]) -> Iterator[list[ScoredGroup]]:
+        """Batch by batch, every engine's share of the batch's groups (engine order), staleness-checked. A batch
+        the trainer took without a step (nothing to train) is credited to the engines (`credit(version, drawn)`),
+        which pace on the batches taken."""
+        step = trainer.batches_seen
         while True:
             step += 1
             while True:
@@ -213,10 +217,13 @@ class EngineFeed:
             warning = self.stream_check.warning([marks[i] for i in range(self.roles.engines)])
             if warning:
                 self.on_event(warning)
-            batch = [g for i in range(self.roles.engines) for g in parts[i]]
-            yield self._checked(batch, trainer.step_count)
+            batch = Draw.joined(parts[i] for i in range(self.roles.engines))
+            version = trainer.step_count
+            yield self._checked(batch, version)
+            if trainer.step_count == version:  # taken without a step: no push will tell the engines
+                credit(version, trainer.batches_seen)
 
-    def _checked(self, batch: list[ScoredGroup], version: int) -> list[ScoredGroup]:
+    def _checked(self, batch: Draw, version: int) -> Draw:
         """Drop (and count) any group with a rollout older than the bound: a guard, the pacing prevents it."""
         kept = []
         for group in batch:
@@ -229,7 +236,7 @@ class EngineFeed:
         self.last.update(stale_dropped=float(self.dropped_stale), versions_unmatched=float(self.unmatched))
         total = sum(self.generate_s.values())  # the engines' sampling time since the last batch (all engines)
         self.last["generate_s"], self._generate_reported = total - self._generate_reported, total
-        return kept
+        return batch.kept(kept)
 
     def close(self, stop_engines: Any, timeout: float) -> None:
         """Stop the engines and take their last messages until each said "end" (or `timeout` passed)."""
@@ -278,7 +285,7 @@ class AsyncSync:
 
     def push(self, trainer: Any) -> dict[str, float]:
         try:
-            return self.pusher.push(trainer.model, trainer.step_count)
+            return self.pusher.push(trainer.model, trainer.step_count, trainer.batches_seen)
         except RuntimeError as exc:  # gloo/NCCL: a peer's connection broke
             raise peer_lost(self.world, f"the weight push to the engines failed ({type(exc).__name__})") from None
 
@@ -301,7 +308,7 @@ def trainer_source(opts: Any, trainer: Any, roles: Roles, stack: Any, on_event: 
         stack.callback(feed.close, pusher.stop, opts.dist_timeout)
     sync = AsyncSync(pusher, feed, roles.world)
     sync.push(trainer)  # the engines start from the trainer's (maybe resumed) weights
-    batches = feed.batches(trainer) if feed is not None else None
+    batches = feed.batches(trainer, pusher.credit) if feed is not None else None
     if roles.trainer_dist is not None:
         batches = from_rank0(batches, roles.trainer_dist)
     assert batches is not None
@@ -338,9 +345,10 @@ def engine_loop(opts: Any, config: Any, roles: Roles) -> bool:
     )  # fmt: skip
     try:
         if receiver.wait_for(0, opts.dist_timeout):
-            step = receiver.received  # the trainer's step count: a resumed run goes on from there
+            step = receiver.drawn  # the batches the trainer took: a resumed run goes on from there
             batches = rollouts.batches(opts.groups_per_step)
-            while receiver.wait_for(step - opts.max_staleness, opts.dist_timeout):
+            # paced on the trainer's batches, trained or not (a batch with nothing to train pushes no version)
+            while receiver.wait_for(step - opts.max_staleness, opts.dist_timeout, drawn=True):
                 step += 1
                 floor = receiver.received
                 groups = next(batches, None)

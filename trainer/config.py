@@ -211,6 +211,10 @@ class RunOptions(BaseModel):
     on_exhausted: Literal["cycle", "stop"] = "cycle"
     """When the env's items run out before --steps: cycle (start them over: one more epoch, said on stderr) or
     stop (end the run there, with a warning)."""
+    max_empty_draws: int = Field(20, ge=1)
+    """Env runs: stop with an error after this many draws in a row (each a step's --groups-per-step items) gave
+    nothing to train on (every group filtered by the env, failed, or with all rewards equal): such draws take no
+    step, so the run would otherwise never reach --steps."""
     api_batch_size: int = Field(64, ge=1)
     """Sequences per step when behind an API."""
     wait_timeout: float = Field(600.0, gt=0)

@@ -20,7 +20,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from atropos_cli.config import config_diff, read_saved
-from atropos_cli.errors import ConfigError, OutputExistsError, PeerLost
+from atropos_cli.errors import ConfigError, EmptyDrawsError, OutputExistsError, PeerLost
 
 from .checkpoint import latest_checkpoint, read_trainer_state
 from .config import GRPOConfig, RunOptions
@@ -57,6 +57,7 @@ _RESUMABLE = {
     "run.vllm_gpu_memory_utilization",
     "run.vllm_sleep_mode",
     "run.vllm_probe_tolerance",
+    "run.max_empty_draws",
 }
 
 
@@ -79,6 +80,7 @@ class RunSummary(BaseModel):
     groups_per_step: int = 0
     epochs: int = 0
     groups_skipped: int = 0  # --api-url: groups the model cannot train (token ids, scores), skipped
+    groups_filtered: int = 0  # env runs: groups the env dropped (identical scores, None, ...), counted per step
     env_exhausted: bool = False  # the env's items ran out and the run stopped there
     env_restartable: bool = True  # False: the env cannot start its items over (no restart_items)
     env_items: int | None = None  # the env's items in one pass, when a pass ended
@@ -371,6 +373,11 @@ def run_training(
             summary = _run(opts, config, on_step, on_event, dist)
         finished = True
         return summary
+    except EmptyDrawsError as exc:  # every rank stopped at the same draw: they meet at the teardown, one speaks
+        finished = True
+        if dist is not None and not dist.is_main:
+            exc.quiet = True  # type: ignore[attr-defined]
+        raise
     except RuntimeError as exc:  # a collective failed (gloo/NCCL): a peer rank died, or this rank's own error
         if dist is None or not dist.stopped_by_launcher():
             raise
@@ -419,9 +426,10 @@ def _run(
     def record(metrics: dict[str, Any]) -> None:
         if probe is not None:
             metrics.update(probe.last)
-        if "reward_mean" in metrics:
+        if "reward_mean" in metrics and not metrics.get("skipped"):  # the summary's rewards are the trained steps'
             rewards.append(metrics["reward_mean"])
         summary.truncated += metrics.get("truncated", 0)
+        summary.groups_filtered += metrics.get("groups_filtered", 0)
         sink.write(metrics)
         on_step(metrics)
 
@@ -441,7 +449,8 @@ def _run(
         if opts.eval_every and isinstance(source, EnvRollouts):
             sync = _evaluating(sync, source, opts, trainer)
         try:
-            train(trainer, batches, record, sync)
+            from_env = not opts.data and not opts.api_url  # files and the API end; an env's items cycle
+            train(trainer, batches, record, sync, opts.max_empty_draws if from_env else None)
         except KeyboardInterrupt:
             summary.interrupted = True
         finally:

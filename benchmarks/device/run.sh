@@ -29,10 +29,19 @@
 #                    Qwen2.5-0.5B): a decode step split into graph replays and host work, its kernels by kind.
 #   loop-split       the one-command loop on the 0.5B shape (`atropos train arithmetic`, 32 groups x 8 a step,
 #                    LOOP_STEPS (5) steps): generation / scoring / training / weight sync / engine batches a step.
-#   async            (2 GPUs) bench_async.py: a smoke row, then the colocated sync loop against async 1 (1 trainer
+#   async            (2 GPUs) bench_async.py: a smoke row (SMOKE=0 skips it), then the colocated sync loop against async 1 (1 trainer
 #                    + 1 engine GPU, --max-staleness 1) for MODELS (0.5b; tiny: the shipped model, which learns)
-#                    on ENVS (arithmetic,count), STEPS (12) steps after 2 warm-up ones; LONG (384): the count
-#                    env's token budget.
+#                    on ENVS (long,multiturn; also arithmetic, count), STEPS (5) steps of GROUPS (16) x 8, the
+#                    first 2 untimed; LONG (384): the count env's tokens, LONG_GEN (1024): the long env's; a row
+#                    gets COMPILE_TIMEOUT (150) s for its warm-up steps, then ROW_TIMEOUT (60) s. Side by side
+#                    (async@0,1 async@2,3) with ENVS per round through ENVS_<first GPU>.
+#   async-four       (4 GPUs) bench_async.py --layouts LAYOUTS (1+3,2+2,3+1) --auto: sync on 4 GPUs, that run
+#                    resumed with --inference-gpus auto (its choice printed), async 1 on each split, for MODELS
+#                    (0.5b) on ENVS (long), as in async.
+#   async-curves     (2 GPUs) bench_async.py --seeds SEEDS (0,1,2) --curves: sync against async 1 (1+1) on the
+#                    tiny model, CURVE_ENVS (arithmetic,count), CURVE_STEPS (15) steps of 32 groups x 8 each: the
+#                    per-step reward's mean and min-max over the seeds per mode, and a plot (async_curves.png).
+#                    Side by side with CURVE_ENVS_<first GPU>.
 #   fsdp             (2-4 GPUs) bench_fsdp.py weak scaling: a one-step smoke row, then ROWS (plain,0.5b:2,0.5b:4,
 #                    1.5b:4,3b:4; `:fsdp`/`:replicate` force a mode, `:detail` prints per-rank timings, `:prof` a
 #                    profile, `:mbtN` the micro-batch), WARMUP (2) + STEPS (3) a row.
@@ -58,10 +67,15 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
-ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async fsdp fsdp-variants replicas
-fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
+ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async async-four async-curves fsdp
+fsdp-variants replicas fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
+per_gpu() {  # the value of NAME_<first GPU of this round> if set, else of NAME, else DEFAULT
+    local gpus="${CUDA_VISIBLE_DEVICES:-0}" name=$1 default=$2 specific
+    specific="${name}_${gpus%%,*}"
+    echo "${!specific:-${!name:-$default}}"
+}
 
 setup() {  # this package's wheel (and any the machine lacks) from .whl/, first on PYTHONPATH; NVLink multicast off
     export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -112,8 +126,7 @@ round_generation() {
 
 round_families() {
     local gpus="${CUDA_VISIBLE_DEVICES:-0}" list
-    list="FAMILIES_${gpus%%,*}"
-    list="${!list:-${FAMILIES:-Qwen2.5-0.5B,Gemma-3-1B,Qwen3-0.6B,Llama-3.2-1B}}"
+    list=$(per_gpu FAMILIES Qwen2.5-0.5B,Gemma-3-1B,Qwen3-0.6B,Llama-3.2-1B)
     local name="families-${gpus//,/-}"  # side-by-side rounds of this name share $OUT: one file each
     python3 benchmarks/bench_generation.py --family "$list" --batches "${GEN_BATCHES:-512}" \
         --out "$OUT/$name.md" > "$OUT/$name.log" 2>&1
@@ -133,14 +146,40 @@ round_loop_split() {
     cat "$OUT/loop_split.md" 2>/dev/null || quiet < "$OUT/loop.log" | tail -20
 }
 
+bench_async() {  # bench_async.py with the rounds' shared row limits, one compile cache for the call
+    python3 benchmarks/bench_async.py --steps "${STEPS:-5}" --warmup 2 --groups "${GROUPS:-16}" \
+        --long-tokens "${LONG:-384}" --long-gen-tokens "${LONG_GEN:-1024}" --timeout "${ROW_TIMEOUT:-60}" \
+        --compile-timeout "${COMPILE_TIMEOUT:-150}" --compile-cache /tmp/atropos-compile "$@"
+}
+
 round_async() {
-    python3 benchmarks/bench_async.py --models tiny --envs arithmetic --modes "async 1" --steps 2 --warmup 0 \
-        --groups 4 --timeout 120 > "$OUT/smoke.log" 2>&1
-    if grep -q '"error"' "$OUT/smoke.log"; then tail -5 "$OUT/smoke.log"; return 1; fi
-    python3 benchmarks/bench_async.py --models "${MODELS:-0.5b}" --envs "${ENVS:-arithmetic,count}" \
-        --modes "sync,async 1" --steps "${STEPS:-12}" --warmup 2 --groups 32 --long-tokens "${LONG:-384}" \
-        --timeout "${ROW_TIMEOUT:-200}" --out "$OUT/async.md" > "$OUT/async.log" 2>&1
-    grep -h '^{"mode"' "$OUT/async.log"; cat "$OUT/async.md" 2>/dev/null
+    local gpus="${CUDA_VISIBLE_DEVICES:-0}" envs name
+    envs=$(per_gpu ENVS long,multiturn)
+    name="async-${gpus//,/-}"  # side-by-side rounds of this name share $OUT: one file each
+    if [ "${SMOKE:-1}" = 1 ]; then
+        python3 benchmarks/bench_async.py --models tiny --envs arithmetic --modes "async 1" --steps 2 --warmup 0 \
+            --groups 4 --timeout 120 --compile-cache /tmp/atropos-compile > "$OUT/$name-smoke.log" 2>&1
+        if grep -q '"error"' "$OUT/$name-smoke.log"; then tail -5 "$OUT/$name-smoke.log"; return 1; fi
+    fi
+    bench_async --models "${MODELS:-0.5b}" --envs "$envs" --modes "sync,async 1" --out "$OUT/$name.md" \
+        > "$OUT/$name.log" 2>&1
+    grep -h '^{"mode"' "$OUT/$name.log"; cat "$OUT/$name.md" 2>/dev/null
+}
+
+round_async_four() {
+    bench_async --models "${MODELS:-0.5b}" --envs "${ENVS:-long}" --modes "sync,async 1" \
+        --layouts "${LAYOUTS:-1+3,2+2,3+1}" --auto --out "$OUT/async_four.md" > "$OUT/async_four.log" 2>&1
+    grep -h '^{"mode"' "$OUT/async_four.log"; cat "$OUT/async_four.md" 2>/dev/null
+}
+
+round_async_curves() {
+    local gpus="${CUDA_VISIBLE_DEVICES:-0}" name
+    name="async-curves-${gpus//,/-}"
+    python3 benchmarks/bench_async.py --models tiny --envs "$(per_gpu CURVE_ENVS arithmetic,count)" \
+        --modes "sync,async 1" --seeds "${SEEDS:-0,1,2}" --steps "${CURVE_STEPS:-15}" --warmup 2 --groups 32 \
+        --timeout "${ROW_TIMEOUT:-60}" --compile-timeout "${COMPILE_TIMEOUT:-150}" \
+        --compile-cache /tmp/atropos-compile --curves "$OUT/$name.md" > "$OUT/$name.log" 2>&1
+    grep -h '^{"mode"' "$OUT/$name.log"; cat "$OUT/$name.md" 2>/dev/null
 }
 
 round_fsdp() {
@@ -231,8 +270,7 @@ round_compile_cache() {
 
 round_trainer_families() {
     local gpus="${CUDA_VISIBLE_DEVICES:-0}" list rows="" shape
-    list="TRAINER_FAMILIES_${gpus%%,*}"
-    list="${!list:-${TRAINER_FAMILIES:-Llama-3.2-1B,Qwen3-1.7B}}"
+    list=$(per_gpu TRAINER_FAMILIES Llama-3.2-1B,Qwen3-1.7B)
     for shape in ${list//,/ }; do rows+="plain:$shape,"; done
     python3 benchmarks/bench_fsdp.py --rows "${rows%,}" --cap-gib "${CAP:-80}" --steps "${STEPS:-3}" \
         --warmup "${WARMUP:-2}" --row-timeout "${ROW_TIMEOUT:-200}" --out "$OUT/trainer-families-${gpus//,/-}.md" 2>&1 \

@@ -260,6 +260,11 @@ class RunAborted(AtroposError):
     """The run cannot continue (server unreachable, or every group failing the same way)."""
 
 
+class EmptyDrawsError(RunAborted):
+    """Too many draws in a row had nothing to train on; every rank of a many-GPU run sees the same draws and
+    stops at the same one."""
+
+
 class RankFailed(AtroposError):
     """A process of a many-GPU run died or exited with an error; the launcher stopped every other rank."""
 

@@ -22,6 +22,7 @@ def run_ranks(out: Path, *extra: str) -> list[dict]:
 
 def check_pushed(trainer: dict, engine: dict) -> None:
     assert engine["arrived"] is True and engine["version"] == 2 and engine["error"] is None and engine["stopped"]
+    assert engine["credited"]  # a batch taken without a step: the engine learns of it, no new weights
     assert engine["before"] != trainer["after"]  # the engine started elsewhere: the push moved it
     assert engine["after"] == trainer["after"]  # every tensor, bit for bit in bf16
     assert trainer["push1"]["push_bytes"] == trainer["push2"]["push_bytes"] > 0

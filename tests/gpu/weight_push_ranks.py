@@ -48,13 +48,15 @@ def main() -> None:
             with torch.no_grad():
                 for param in model.parameters():
                     param.add_(0.01 * version)
-            result[f"push{version}"] = pusher.push(model, version)
+            result[f"push{version}"] = pusher.push(model, version, drawn=version)
+        pusher.credit(2, drawn=3)  # a batch taken without a step: no weights, one more batch
         pusher.stop()
     else:
         receiver = WeightReceiver(control, data, 0, device)
         receiver.start()
         result["arrived"] = receiver.wait_for(2, timeout=120)
         result["version"] = receiver.apply(model)
+        result["credited"] = receiver.wait_for(3, timeout=120, drawn=True) and receiver.received == 2
         result["error"] = receiver.error
         result["stopped"] = receiver.wait_for(3, timeout=120) is False and receiver.stopped  # the trainer's stop
     result["after"] = digest(model)

@@ -26,8 +26,8 @@ from typing import Any
 
 from atropos_cli.errors import AtroposError
 from atropos_cli.runs.counts import RolloutCounts
-from atropos_cli.types import ScoredGroup
 
+from .draws import Draw
 from .item_stream import Block, ItemStream
 
 __all__ = ["EnvRollouts"]
@@ -105,16 +105,16 @@ class EnvRollouts:
         assert self.block is not None, "no step drawn yet"
         return self.block.span, self.block.digest
 
-    def batches(self, groups_per_step: int) -> Iterator[list[ScoredGroup]]:
+    def batches(self, groups_per_step: int) -> Iterator[Draw]:
         """Step by step, the groups of this rank's share of the next `groups_per_step` items of the stream (an
-        empty list where its share is empty); ends with the env's stream."""
+        empty draw where its share is empty), with what the env filtered on the way; ends with the env's stream."""
         while True:
             groups = self.loop.run_until_complete(self._collect(groups_per_step))
             if groups is None:
                 return
             yield groups
 
-    async def _collect(self, n: int) -> list[ScoredGroup] | None:
+    async def _collect(self, n: int) -> Draw | None:
         from atropos_cli.runs.rollout import collect_group
 
         self.block = await self.stream.next_block(n)
@@ -122,15 +122,19 @@ class EnvRollouts:
             return None
         taken = self.block.taken()
         if not taken:
-            return []
+            return Draw()
         with self._one_batch(len(taken)):
             outcomes = await asyncio.gather(*(collect_group(self.env, item, index) for index, item in taken))
-        groups: list[ScoredGroup] = []
+        groups = Draw()
         for outcome in outcomes:
             self.counts.add_failures(outcome)
+            groups.failed += int(outcome.failed)
+            for failure in outcome.filtered:
+                groups.drop(failure.error)
             for group in outcome.groups:
                 if not group.has_tokens:
                     self.counts.drop(NO_TOKENS)
+                    groups.drop(NO_TOKENS)
                     continue
                 if group.generation_params is None:
                     # the env samples at its configured temperature; the trainer takes log-probs at it

@@ -188,6 +188,7 @@ def gathered(
     step's `groups_per_step` items on its own engine (`item_stream.share`), then every rank gets the whole
     batch in rank order (which is stream order). The ranks' digests of the step's items are compared on the
     way (`StreamCheck`); the stream ending on any rank ends every rank."""
+    from .draws import Draw
     from .item_stream import StreamCheck
 
     check = StreamCheck()
@@ -200,4 +201,4 @@ def gathered(
         warning = check.warning([mark for _, mark in parts])
         if warning:
             on_event(warning)
-        yield [group for part_groups, _ in parts for group in part_groups]
+        yield Draw.joined(part_groups for part_groups, _ in parts)

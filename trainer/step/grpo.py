@@ -41,6 +41,7 @@ from ..config import (
     gpu_budget_bytes,
     host_threads,
 )
+from ..data.draws import EmptyDraws, draw_metrics
 from ..scale import fsdp, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
@@ -547,20 +548,26 @@ def train(
     batches: Iterable[list[ScoredGroup]],
     on_step: Callable[[dict[str, Any]], None],
     after_step: Callable[[GRPOTrainer], dict[str, Any] | None] | None = None,
+    max_empty_draws: int | None = None,
 ) -> int:
     """Step on each batch until `config.steps` is reached or `batches` ends; returns the last step.
 
     `after_step` is the weight sync (sync.py): it runs after every optimizer step and before the next batch
     is pulled, so an in-process inference engine samples the next groups from the new weights. A checkpoint
-    is written every `save_every` steps and at the end; the caller saves on Ctrl-C.
+    is written every `save_every` steps and at the end; the caller saves on Ctrl-C. A batch with nothing to
+    train takes no step; after `max_empty_draws` such batches in a row (None: no bound) the run stops with a
+    EmptyDrawsError saying what became of their groups (`draws.EmptyDraws`).
     """
     out = Path(trainer.config.out)
     if trainer.step_count >= trainer.config.steps:
         return trainer.step_count
     last = time.perf_counter()
+    empty = EmptyDraws(max_empty_draws)
     for groups in batches:
         trainer.batches_seen += 1
         metrics = trainer.step(groups)
+        metrics.update(draw_metrics(groups))
+        empty.see(groups, metrics)
         if not metrics.get("skipped"):
             synced = after_step(trainer) if after_step else None
             metrics.update(synced or {})
@@ -573,6 +580,7 @@ def train(
         metrics["loop_s"] = now - last  # the whole step: waiting for rollouts, training, sync, checkpoint
         last = now
         on_step({"step": trainer.step_count, **metrics})
+        empty.check()
         if trainer.step_count >= trainer.config.steps:
             break
         if trainer.dist is not None and trainer.dist.stop_requested():  # Ctrl-C on any rank: all stop here

@@ -14,6 +14,11 @@ half-old, half-new weights. On CUDA the copy is queued on the engine's stream (b
 flight); the next push into the same bucket set waits for it on the GPU. A newer push that lands before the
 older one was applied replaces it (the engine skips a version, it never goes back). A header with version -1
 is the trainer's stop.
+
+Every header also carries `drawn`: the batches the trainer has taken so far, trained or not (a draw with nothing
+to train takes no step, so no new version: `WeightPusher.credit` then sends a header without weights). The
+engines pace their draws on it (`wait_for(..., drawn=True)`), so a skipped draw never leaves them waiting for a
+version that will not come.
 """
 
 from __future__ import annotations
@@ -71,8 +76,9 @@ class WeightPusher:
         self.dtype, self.device = dtype, device
         self.layout: Layout | None = None
 
-    def push(self, model: Any, version: int) -> dict[str, float]:
-        """Send `model`'s weights as `version`; returns {push_s, push_bytes} (rank `src`; zeros elsewhere)."""
+    def push(self, model: Any, version: int, drawn: int) -> dict[str, float]:
+        """Send `model`'s weights as `version`, after `drawn` batches; returns {push_s, push_bytes} (rank `src`;
+        zeros elsewhere)."""
         import torch
         import torch.distributed as dist
 
@@ -88,7 +94,8 @@ class WeightPusher:
             self.layout = _plan([(k, tuple(t.shape)) for k, t in tensors], element, str(self.dtype).split(".")[-1])
             weights = iter(tensors)
         layout = self.layout
-        dist.broadcast_object_list([{"version": version, "layout": layout}], src=self.src, group=self.control)
+        header = {"version": version, "layout": layout, "drawn": drawn}
+        dist.broadcast_object_list([header], src=self.src, group=self.control)
         sent = 0
         bucket, filling = None, -1
         for (key, shape, index, offset), (name, tensor) in zip(layout.entries, weights, strict=True):
@@ -106,6 +113,14 @@ class WeightPusher:
             dist.broadcast(bucket, src=self.src, group=self.data)
             sent += bucket.numel() * bucket.element_size()
         return {"push_s": time.perf_counter() - started, "push_bytes": float(sent)}
+
+    def credit(self, version: int, drawn: int) -> None:
+        """Tell the engines the trainer took a batch without a step (nothing to train): still `version`, now
+        `drawn` batches (rank `src` only)."""
+        import torch.distributed as dist
+
+        header = {"version": version, "layout": None, "drawn": drawn}
+        dist.broadcast_object_list([header], src=self.src, group=self.control)
 
     def stop(self) -> None:
         """Tell the engines the run is over (rank `src` only)."""
@@ -132,6 +147,7 @@ class WeightReceiver:
     device: str
     version: int = -1  # the version the model computes with (-1: the engine's own load, before the first push)
     received: int = -1  # the newest version received (applied or pending)
+    drawn: int = -1  # the batches the trainer had taken at the newest header
     stopped: bool = False
     error: str | None = None
     _pending: _Received | None = None
@@ -172,6 +188,11 @@ class WeightReceiver:
                 self.stopped = True
                 self._cond.notify_all()
             return False
+        if header["layout"] is None:  # a credit: a batch taken without a step, no new weights
+            with self._cond:
+                self.drawn = header["drawn"]
+                self._cond.notify_all()
+            return True
         layout: Layout = header["layout"]
         with self._cond:  # a set that is neither pending nor being applied (waits while both are busy)
             while True:
@@ -207,7 +228,7 @@ class WeightReceiver:
                 dist.broadcast(bucket, src=self.src, group=self.data)
         with self._cond:
             self._pending = _Received(header["version"], layout, buckets)
-            self.received = header["version"]
+            self.received, self.drawn = header["version"], header["drawn"]
             self._cond.notify_all()
         return True
 
@@ -239,18 +260,20 @@ class WeightReceiver:
                 self._cond.notify_all()
         return got.version
 
-    def wait_for(self, version: int, timeout: float) -> bool:
-        """Block until a push of at least `version` arrived; False when the trainer stopped the run first.
-        A broken connection to the trainer raises TrainerGone."""
+    def wait_for(self, version: int, timeout: float, drawn: bool = False) -> bool:
+        """Block until a push of at least `version` arrived (`drawn`: until the trainer has taken at least that
+        many batches); False when the trainer stopped the run first. A broken connection to the trainer raises
+        TrainerGone."""
         from atropos_cli.errors import AtroposError
 
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self.received < version and not self.stopped and self.error is None:
+            while (self.drawn if drawn else self.received) < version and not self.stopped and self.error is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    what = f"{version} batches taken" if drawn else f"weights of version {version}"
                     raise AtroposError(
-                        f"no weights of version {version} from the trainer after {timeout:.0f}s",
+                        f"no word of {what} from the trainer after {timeout:.0f}s",
                         hint="the trainer rank is stuck or gone; raise --dist-timeout for very slow steps",
                     )
                 self._cond.wait(min(left, 1.0))

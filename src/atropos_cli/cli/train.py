@@ -54,12 +54,24 @@ def _num(value: float) -> str:
     return f"{value:+.3e}" if value and abs(value) < 1e-3 else f"{value:+.4f}"
 
 
+def _dropped(metrics: dict[str, Any]) -> list[str]:
+    """What the step's draw lost on the way: groups the env filtered, items that failed."""
+    parts = []
+    if metrics.get("groups_filtered"):
+        parts.append(f"{metrics['groups_filtered']} groups filtered")
+    if metrics.get("groups_failed"):
+        parts.append(f"{metrics['groups_failed']} items failed")
+    return parts
+
+
 def _fmt(metrics: dict[str, Any], total: int) -> str:
     if metrics.get("skipped"):
-        return (
-            f"step {metrics['step']:>4}/{total}  reward {metrics['reward_mean']:.3f}  "
-            f"no group had signal: nothing to train on"
-        )
+        parts = [f"step {metrics['step']:>4}/{total}"]
+        if metrics.get("groups"):
+            parts.append(f"reward {metrics['reward_mean']:.3f}  no group had signal")
+        parts += _dropped(metrics)
+        streak = metrics.get("empty_draws", 1)
+        return "  ".join(parts) + f": nothing to train on ({streak} draw{'s' if streak > 1 else ''} in a row)"
     parts = [
         f"step {metrics['step']:>4}/{total}",
         f"reward {metrics['reward_mean']:.3f} ±{metrics['reward_std']:.2f}",
@@ -74,6 +86,7 @@ def _fmt(metrics: dict[str, Any], total: int) -> str:
         parts.append(f"kl {_num(metrics['kl'])}")
     if metrics.get("truncated"):
         parts.append(f"{metrics['truncated']} truncated")
+    parts += _dropped(metrics)
     parts.append(f"{metrics['tokens_per_s']:,.0f} tok/s")
     return "  ".join(p for p in parts if p)
 
@@ -266,6 +279,8 @@ def _report(summary: Any, asked: int) -> None:
         )
     if summary.rollouts_failed:
         line += f" ({summary.rollouts_failed} rollouts failed)"
+    if summary.groups_filtered:
+        line += f"; {summary.groups_filtered} groups filtered by the env (not trained)"
     if summary.env_epochs > 1:
         line += f"; {summary.env_epochs} epochs over the env's {summary.env_items} items"
     console.print(line, soft_wrap=True)
