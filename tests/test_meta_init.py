@@ -209,5 +209,19 @@ def test_experts_stored_one_by_one_are_read_as_each_ranks_group(tmp_path: Path):
         CheckpointSlices(tmp_path / "nothing")
 
 
+def test_moe_and_eager_attention_activations_shrink_the_default_micro_batch():
+    from atropos_cli.families import config_for
+    from atropos_cli.trainer.config import activation_bytes_per_token, default_micro_batch_tokens
+
+    gpu, state = 80 * 2**30, 16 * 10**9  # gpt-oss-20b LoRA on 4 GPUs: bf16 frozen shards + gathered weights
+    config = config_for("gpt-oss-20b")
+    dense_rule = 48 * config.num_hidden_layers * config.hidden_size
+    moe = activation_bytes_per_token(config, False)
+    eager = activation_bytes_per_token(config, False, eager_len=1025)  # padded rows, eager attention (sinks)
+    assert dense_rule < moe < eager
+    assert default_micro_batch_tokens("cuda:0", True, gpu, state, moe) == 8192
+    assert default_micro_batch_tokens("cuda:0", True, gpu, state, eager) == 4096  # the probabilities are counted
+
+
 if __name__ == "__main__":
     worker(sys.argv[1])

@@ -217,7 +217,9 @@ class GRPOTrainer:
             config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
         self.replicated = dist is not None and config.parallel == "replicate"
         sharded = dist is not None and not self.replicated
-        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
+        eager = self.pack == "off" and getattr(self.model.config, "_attn_implementation", None) == "eager"
+        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing,
+                                               config.max_len if eager else 0)  # fmt: skip
         layout: replicate.Parallel = "fsdp" if sharded else "replicate"
         self.dtype = dtype = resolve_dtype(config.dtype, self.device)
         gathered = fsdp.gathered_bytes(self.model, world, torch.device(self.device).type) if sharded else None
