@@ -68,20 +68,25 @@ def _from_checkpoint(directory: Path, dist) -> dict:
 
 
 def _random_like_one_process(dist) -> float:
-    """Max difference between the MoE's random weights filled shard by shard on the ranks and drawn whole."""
+    """Max difference between random weights filled shard by shard on the ranks and drawn whole by one process
+    (a dense model with a tied head, and the MoE's grouped experts)."""
     from atropos_cli.families import config_for
     from atropos_cli.trainer.scale import fsdp, meta_init
 
-    config = config_for("qwen3_moe", vocab_size=288, tiny=True)
-    sharded = meta_init.empty_from_config(config)
-    meta_init.materialise(fsdp.shard(sharded, _logits, dist.mesh, mixed=False), "cpu", None, seed=3)
-    whole = meta_init.empty_from_config(config)
-    meta_init.materialise(whole, "cpu", None, seed=3)
-    reference = whole.state_dict()
-    gathered = dict(fsdp.full_weights(sharded))
-    assert gathered.keys() <= reference.keys() and len(gathered) > 10
-    assert all(t.abs().sum() > 0 for k, t in gathered.items() if k.endswith("proj") or "embed" in k)  # drawn
-    return max(float((t - reference[k]).abs().max()) for k, t in gathered.items())
+    worst = 0.0
+    for family in ("qwen2", "qwen3_moe"):
+        config = config_for(family, vocab_size=288, tiny=True)
+        sharded = meta_init.empty_from_config(config)
+        meta_init.materialise(fsdp.shard(sharded, _logits, dist.mesh, mixed=False), "cpu", None, seed=3)
+        whole = meta_init.empty_from_config(config)
+        meta_init.materialise(whole, "cpu", None, seed=3)
+        assert (whole.lm_head.weight is whole.model.embed_tokens.weight) == config.tie_word_embeddings
+        reference = whole.state_dict()
+        gathered = dict(fsdp.full_weights(sharded))
+        assert gathered.keys() <= reference.keys() and len(gathered) > 10
+        assert all(t.abs().sum() > 0 for k, t in gathered.items() if k.endswith("proj") or "embed" in k)  # drawn
+        worst = max(worst, *(float((t - reference[k]).abs().max()) for k, t in gathered.items()))
+    return worst
 
 
 def _lora_step(directory: Path, dist) -> dict:

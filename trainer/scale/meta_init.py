@@ -111,7 +111,10 @@ def materialise(model: Any, device: str, checkpoint: Path | None, seed: int) -> 
     from .slices import CheckpointSlices
 
     kept = {name: _local(t).detach().clone() for name, t in _tensors(model) if not t.is_meta}
+    shared = _shared_parameters(model)
     model.to_empty(device=device)  # FSDP's modules re-register their shards (fully_shard's _apply)
+    for module, leaf, first in shared():  # a plain module's to_empty makes a new parameter per use: tie again
+        setattr(module, leaf, first)
     reader = CheckpointSlices(checkpoint) if checkpoint is not None else None
     prefix, inner = _transformers_model(model)
     seen: set[int] = set()
@@ -143,6 +146,27 @@ def materialise(model: Any, device: str, checkpoint: Path | None, seed: int) -> 
 def _tensors(model: Any) -> Iterator[tuple[str, Any]]:
     yield from model.named_parameters(remove_duplicate=False)
     yield from model.named_buffers(remove_duplicate=False)
+
+
+def _shared_parameters(model: Any) -> Any:
+    """A function that lists (module, name, parameter) for each second use of a parameter (a tied LM head),
+    with the parameter its first use holds then, where that is another object: after `to_empty` of a plain
+    module (FSDP's DTensor parameters keep one object, and nothing is listed)."""
+    uses: dict[int, list[tuple[Any, str]]] = {}
+    for module in model.modules():
+        for leaf, param in module._parameters.items():
+            if param is not None:
+                uses.setdefault(id(param), []).append((module, leaf))
+    tied = [places for places in uses.values() if len(places) > 1]
+
+    def untied() -> list[tuple[Any, str, Any]]:
+        out = []
+        for (owner, name), *others in tied:
+            first = owner._parameters[name]
+            out += [(m, leaf, first) for m, leaf in others if m._parameters[leaf] is not first]
+        return out
+
+    return untied
 
 
 def _transformers_model(model: Any) -> tuple[str, Any]:
