@@ -29,11 +29,12 @@ TOKENS = [[5, 17, 3, 99, 42, 7, 8, 120, 33, 2, 64, 11]]
 
 
 def _save(name: str, directory: Path) -> None:
-    """A tiny model of family `name` (random, seeded) with the shipped tokenizer, as save_pretrained writes it."""
+    """A tiny model of family `name` (random, seeded) with the shipped tokenizer, as save_pretrained writes it; an
+    odd vocabulary, so the embedding's shards are uneven (144 and 143 rows)."""
     from atropos_cli.families import build
     from atropos_cli.resources import resolve_model_path
 
-    build(name, vocab_size=288, tiny=True, seed=1).save_pretrained(directory)
+    build(name, vocab_size=287, tiny=True, seed=1).save_pretrained(directory)
     shipped = Path(resolve_model_path("atropos-tiny-arith"))
     for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy2(shipped / tokenizer_file, directory / tokenizer_file)
@@ -75,7 +76,7 @@ def _random_like_one_process(dist) -> float:
 
     worst = 0.0
     for family in ("qwen2", "qwen3_moe"):
-        config = config_for(family, vocab_size=288, tiny=True)
+        config = config_for(family, vocab_size=287, tiny=True)
         sharded = meta_init.empty_from_config(config)
         meta_init.materialise(fsdp.shard(sharded, _logits, dist.mesh, mixed=False), "cpu", None, seed=3)
         whole = meta_init.empty_from_config(config)
@@ -120,7 +121,7 @@ def _bf16_frozen_shards(dist) -> dict:
     from atropos_cli.trainer.scale.replicate import state_bytes
     from atropos_cli.trainer.weights import lora
 
-    model = lora.wrap(meta_init.empty_from_config(config_for("qwen3_moe", vocab_size=288, tiny=True)), 4, None,
+    model = lora.wrap(meta_init.empty_from_config(config_for("qwen3_moe", vocab_size=287, tiny=True)), 4, None,
                       0.0, "all-linear")  # fmt: skip
     total = sum(p.numel() for p in model.parameters())
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
