@@ -34,7 +34,10 @@ def _save(name: str, directory: Path) -> None:
     from atropos_cli.families import build
     from atropos_cli.resources import resolve_model_path
 
-    build(name, vocab_size=287, tiny=True, seed=1).save_pretrained(directory)
+    model = build(name, vocab_size=287, tiny=True, seed=1)
+    if name == "qwen3_moe":  # the router's aux loss joins the step's loss (router.py)
+        model.config.output_router_logits = True
+    model.save_pretrained(directory)
     shipped = Path(resolve_model_path("atropos-tiny-arith"))
     for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
         shutil.copy2(shipped / tokenizer_file, directory / tokenizer_file)
@@ -105,6 +108,7 @@ def _lora_step(directory: Path, dist) -> dict:
                     for i in range(4) for t in TOKENS], scores=[1.0, 0.0, 0.5, 0.25])
         for _ in range(2)
     ]  # fmt: skip
+    assert trainer.router is not None and trainer.router.coef > 0  # the aux loss is in the loss, not only metrics
     metrics = trainer.step(groups)
     return {
         "trained": sorted({n.split(".lora_")[0].rsplit(".", 1)[-1] for n in trained}),
