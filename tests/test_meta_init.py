@@ -37,6 +37,7 @@ def _save(name: str, directory: Path) -> None:
     model = build(name, vocab_size=287, tiny=True, seed=1)
     if name == "qwen3_moe":  # the router's aux loss joins the step's loss (router.py)
         model.config.output_router_logits = True
+    model.generation_config.update(do_sample=True, temperature=0.7)  # carried on into checkpoints
     model.save_pretrained(directory)
     shipped = Path(resolve_model_path("atropos-tiny-arith"))
     for tokenizer_file in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
@@ -63,6 +64,7 @@ def _from_checkpoint(directory: Path, dist) -> dict:
     with torch.no_grad():
         diff = float((root(ids) - _logits(normal, ids)).abs().max())
     buffers = dict(normal.named_buffers())
+    assert empty.generation_config.to_dict() == normal.generation_config.to_dict()
     return {
         "logits": diff,
         "buffers": max(float((b - buffers[n]).abs().max()) for n, b in empty.named_buffers()),

@@ -94,6 +94,10 @@ def empty_policy(name: str) -> tuple[Any, Any, Path]:
         raise ModelLoadError(f"cannot load model {name!r}: {exc}", hint="pass a saved model directory") from None
     model = empty_from_config(config)
     model.config.name_or_path = str(directory)
+    if (directory / "generation_config.json").is_file():  # as from_pretrained reads it (checkpoints carry it on)
+        from transformers import GenerationConfig
+
+        model.generation_config = GenerationConfig.from_pretrained(directory)
     return model, tokenizer, directory
 
 
