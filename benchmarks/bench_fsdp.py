@@ -8,14 +8,20 @@ trains 256 sequences. Rows (each a fresh torchrun launch, all in one run on one 
 - `SHAPE:N`: N ranks at the trainer's defaults (`--parallel auto`: small models replicate, the rest shard with
   FSDP2); `:fsdp` or `:replicate` forces one (FSDP2: bf16 compute, fp32 sharded master weights; replicate: the
   one-process trainer on every rank, gradients summed once a step, `trainer/scale/replicate.py`);
-- larger shapes (Qwen2.5-1.5B/3B/7B, random weights) at 4 GPUs, full fine-tuning and LoRA r=16.
+- larger shapes (Qwen2.5-1.5B/3B/7B, random weights) at 4 GPUs, full fine-tuning and LoRA r=16;
+- any published shape of `atropos_cli.families` (`Llama-3.1-8B:4`, `Qwen3-30B-A3B:4:lora16`, `gpt-oss-20b:4:lora16`)
+  or a family's tiny shape by the family's name (`qwen3_moe:2:lora4`, the CPU smoke test of an MoE row).
+
+Rows of many ranks build the model on the meta device and the trainer fills each rank's shards at random
+(`trainer/scale/meta_init.py`): no rank ever holds the whole model, so a 30B MoE's 122 GB of fp32 weights are
+never built on one GPU.
 
 Weak-scaling efficiency = (tokens/s per GPU at N) / (tokens/s of the `plain` 1-GPU row). MFU counts model
 FLOPs only, as bench_trainer.py does (6 x matmul params + 12 x layers x hidden x seq per token, at the
 token-weighted length), against 989 TFLOP/s per GPU (H100 dense bf16).
 
     python benchmarks/bench_fsdp.py --rows plain,0.5b:1,0.5b:2,0.5b:4 --out results.md   # the driver
-    python benchmarks/bench_fsdp.py --tiny --device cpu --rows plain,tiny:2 --steps 1       # smoke test (gloo)
+    python benchmarks/bench_fsdp.py --tiny --device cpu --rows plain,tiny:2,qwen3_moe:2:lora4 --steps 1  # smoke (gloo)
 
 The driver launches `python -m torch.distributed.run --standalone --nproc-per-node N bench_fsdp.py --worker
 ...` per row; each worker prints one JSON line that the driver turns into a table row.
@@ -80,6 +86,7 @@ def worker(args) -> None:
 
     import atropos_cli.trainer.scale.fsdp as fsdp
     from atropos_cli.trainer.config import GRPOConfig
+    from atropos_cli.trainer.scale import meta_init
     from atropos_cli.trainer.scale.distributed import init_from_env, world_from_env
     from atropos_cli.trainer.step.grpo import GRPOTrainer
 
@@ -98,9 +105,12 @@ def worker(args) -> None:
         total = torch.cuda.get_device_properties(index).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.cap_gib * 2**30 / total), index)
     torch.manual_seed(0)
-    with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
-        attention = {"attn_implementation": "sdpa"} if args.shape in SHAPES else {}  # a family: its own default
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **attention)
+    attention = {"attn_implementation": "sdpa"} if args.shape in SHAPES else {}  # a family: its own default
+    if dist is not None:  # on the meta device: the trainer shards it, each rank draws only its shards (meta_init.py)
+        model = meta_init.empty_from_config(cfg, **attention)
+    else:
+        with torch.device(device):  # random weights made on the GPU itself (a 7B fp32 model in seconds)
+            model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, **attention)
     from atropos_cli.trainer.step.router import router_for
 
     router = router_for(cfg)  # MoE: a token passes through top_k of the experts (FLOPs of the active ones)

@@ -295,13 +295,27 @@ class RunOptions(BaseModel):
             )
 
 
-def activation_bytes_per_token(model_config: Any, checkpointing: bool) -> int:
+def activation_bytes_per_token(model_config: Any, checkpointing: bool, eager_len: int = 0) -> int:
     """GPU bytes a trained token's activations take, measured on H100/H200 with the compiled bf16 body (no
     checkpointing): ~48 bytes per layer x hidden unit (0.5B: 1.0 MB, 1.5B: 2.1 MB, 3B: 3.5 MB a token;
-    benchmarks/results/fsdp_gpu.md). With gradient checkpointing each layer keeps only its bf16 input."""
+    benchmarks/results/fsdp_gpu.md). A mixture of experts keeps more (each token's copies for its top-k experts):
+    ~80, from the one MoE row measured (OLMoE-1B-7B on 4 x H100 under FSDP, 4k micro-batches: 57.4 GiB at its
+    peak less its training state; benchmarks/results/trainer_families_gpu.md). Attention computed eagerly on
+    padded rows of up to `eager_len` tokens (gpt-oss: sinks, which the flash kernels lack) adds its bf16
+    probabilities: a row of `eager_len` per head and layer for each token. With gradient checkpointing each layer
+    keeps only its bf16 input."""
     layers = int(getattr(model_config, "num_hidden_layers", 24))
     hidden = int(getattr(model_config, "hidden_size", 896))
-    return (2 * layers + 48) * hidden if checkpointing else 48 * layers * hidden
+    experts = getattr(model_config, "num_experts", None) or getattr(model_config, "num_local_experts", None)
+    per_unit = MOE_BYTES_PER_UNIT if experts else DENSE_BYTES_PER_UNIT
+    scores = 2 * int(getattr(model_config, "num_attention_heads", 0) or 0) * eager_len  # a layer's, per token
+    if checkpointing:
+        return 2 * layers * hidden + per_unit * hidden + scores
+    return (per_unit * hidden + scores) * layers
+
+
+DENSE_BYTES_PER_UNIT = 48  # activation bytes a token keeps per layer x hidden unit (activation_bytes_per_token)
+MOE_BYTES_PER_UNIT = 80
 
 
 def gpu_budget_bytes(device: str) -> int:

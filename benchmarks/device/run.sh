@@ -51,6 +51,10 @@
 #                    (CHECK=0 skips these), then bench_fsdp.py ROWS (plain,0.5b:2,0.5b:4) after WARMUP (30)
 #                    warm-up steps, STEPS (10) timed.
 #   fsdp-large       (4 GPUs) the 7B shape under FSDP: full fine-tuning (--grad-sync micro-batch) and LoRA r=16.
+#   fsdp-families    (4 GPUs) bench_fsdp.py rows of published shapes too large for one rank to build whole, at the
+#                    trainer's defaults (meta-device build, each rank draws its shards): ROWS (Llama-3.1-8B:4,
+#                    Qwen3-30B-A3B:4:lora16,gpt-oss-20b:4:lora16), CAP (80) GiB a process, WARMUP (1) + STEPS (2)
+#                    a row, ROW_TIMEOUT (165) s a row: under 9 minutes in all.
 #   loop-four        (4 GPUs) `atropos train arithmetic --nproc-per-node 4`, LOOP_STEPS (100) steps, wall time.
 #   gpu-suite        (2 GPUs) the GPU test suite: pytest -m gpu tests/gpu (docs/testing.md).
 #   compile-cache    bench_compile_cache.py: `atropos train`'s first step with an empty compile cache, then warm,
@@ -68,7 +72,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
 ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async async-four async-curves fsdp
-fsdp-variants replicas fsdp-large loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
+fsdp-variants replicas fsdp-large fsdp-families loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
 per_gpu() {  # the value of NAME_<first GPU of this round> if set, else of NAME, else DEFAULT
@@ -221,6 +225,12 @@ round_replicas() {
 round_fsdp_large() {
     python3 benchmarks/bench_fsdp.py --rows "${ROWS:-7b:4:micro,7b:4:lora16}" --steps 3 --warmup 2 \
         --row-timeout "${ROW_TIMEOUT:-200}" --out "$OUT/fsdp_large.md" 2>&1 | quiet | tee "$OUT/fsdp_large.log"
+}
+
+round_fsdp_families() {
+    python3 benchmarks/bench_fsdp.py --rows "${ROWS:-Llama-3.1-8B:4,Qwen3-30B-A3B:4:lora16,gpt-oss-20b:4:lora16}" \
+        --cap-gib "${CAP:-80}" --steps "${STEPS:-2}" --warmup "${WARMUP:-1}" --row-timeout "${ROW_TIMEOUT:-165}" \
+        --logs "$OUT/rows" --out "$OUT/fsdp_families.md" 2>&1 | quiet | tee "$OUT/fsdp_families.log"
 }
 
 round_loop_four() {

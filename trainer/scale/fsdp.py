@@ -10,7 +10,11 @@ What is sharded, and how:
   computation (body -> trained positions -> chunked fp32 LM-head log-probs): the LM head's weight is used
   outside the HF model's own forward, so the root must be the module the trainer calls;
 - `MixedPrecisionPolicy`: bf16 compute on CUDA (fp32 on CPU), fp32 gradient reduce-scatter; the sharded
-  parameters stay fp32 and are AdamW's master weights (no second copy as in single-GPU bf16-pure);
+  trained parameters stay fp32 and are AdamW's master weights (no second copy as in single-GPU bf16-pure);
+  frozen ones (a LoRA run's base weights, a KL reference) are sharded in bf16 when the compute is bf16: they
+  never update, and nothing but the bf16 all-gather reads them;
+- a policy built on the meta device (`meta_init.py`: the many-rank default) is sharded as it is, then each
+  rank fills its own shards (`meta_init.materialise`);
 - gradients are reduced once per step (`set_requires_gradient_sync(False)` on every micro-batch but the
   last). Each rank's loss is its exact share of the step's loss, so the one-process gradient is the SUM over
   ranks; FSDP averages, so the trainer scales each rank's backward by the world size (`GRPOTrainer.step`;
@@ -34,7 +38,16 @@ from ..weights import lora
 RESHARD_LAYERS: bool | None = None  # None: the rule in `_reshard_layers`
 KEEP_GATHERED_FRACTION = 1 / 8  # layers stay gathered when the whole bf16 model is under this much of a GPU
 
-__all__ = ["LogprobModule", "shard", "ShardedPrecision", "full_tensor", "full_weights", "decoder_layers"]
+__all__ = [
+    "LogprobModule",
+    "shard",
+    "ShardedPrecision",
+    "full_tensor",
+    "full_weights",
+    "decoder_layers",
+    "reshard_layers",
+    "gathered_bytes",
+]
 
 
 class LogprobModule(torch.nn.Module):
@@ -70,8 +83,12 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     param_dtype = torch.bfloat16 if mixed else None
+    if mixed:  # frozen weights: bf16 shards (half the memory; the all-gather casts to bf16 anyway)
+        for param in model.parameters():
+            if not param.requires_grad:
+                param.data = param.data.to(torch.bfloat16)
     layer_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
-    reshard = _reshard_layers(model, mesh) if RESHARD_LAYERS is None else RESHARD_LAYERS
+    reshard = reshard_layers(model, mesh.size(), mesh.device_type)
     for layer in decoder_layers(model):
         fully_shard(layer, mesh=mesh, mp_policy=layer_policy, reshard_after_forward=reshard)
     root = LogprobModule(model, compute, reference)
@@ -81,20 +98,37 @@ def shard(model: Any, compute: Callable[[Any, Any], Any], mesh: Any, mixed: bool
     return root
 
 
-def _reshard_layers(model: Any, mesh: Any) -> bool:
+def reshard_layers(model: Any, world: int, device_type: str) -> bool:
     """Re-gather each layer's weights for the backward (ZeRO-3) or keep them from the forward: keeping them saves
     one all-gather per layer and micro-batch (measured +17% tokens/s on 4 GPUs, 0.5B shape) at the cost of one
     layer-sized bf16 copy per layer, so it is done when the whole bf16 model is a small part of the GPU (0.5-3B on
     an 80 GB card; a 7B model reshards). One rank saves no memory by resharding, so it never does."""
-    if mesh.size() == 1:
+    if RESHARD_LAYERS is not None:
+        return RESHARD_LAYERS
+    if world == 1:
         return False
-    if mesh.device_type != "cuda":
+    if device_type != "cuda":
         return True
     bf16_bytes = 2 * sum(p.numel() for p in model.parameters())
     from ..config import gpu_budget_bytes
 
     gpu_bytes = gpu_budget_bytes("cuda")
     return bf16_bytes > KEEP_GATHERED_FRACTION * gpu_bytes
+
+
+def gathered_bytes(model: Any, world: int, device_type: str) -> int:
+    """Bytes of gathered (unsharded) weights a rank holds at its peak: every layer's bf16 copy when layers stay
+    gathered; else the root's (embeddings, final norm, LM head: gathered for the whole step) plus two layers in
+    flight (the one running and the one prefetched) and the fp32 gradient of one layer's trained weights before
+    its reduce-scatter."""
+    total = sum(p.numel() for p in model.parameters())
+    if not reshard_layers(model, world, device_type):
+        return 2 * total
+    layers = [list(layer.parameters()) for layer in decoder_layers(model)]
+    in_layers = sum(p.numel() for params in layers for p in params)
+    largest = max((sum(p.numel() for p in params) for params in layers), default=0)
+    trained = max((sum(p.numel() for p in params if p.requires_grad) for params in layers), default=0)
+    return 2 * (total - in_layers) + 2 * 2 * largest + 4 * trained
 
 
 def full_tensor(tensor: Any) -> Any:

@@ -36,17 +36,28 @@ REPLICATE_MAX_WORLD = 4  # ... on this many ranks at most (measured up to 4, see
 BUCKET_BYTES = 256 * 2**20  # gradients summed per all-reduce
 
 
-def state_bytes(total: int, trainable: int, parallel: Parallel, world: int, grad_sync: str = "step") -> int:
+def state_bytes(
+    total: int,
+    trainable: int,
+    parallel: Parallel,
+    world: int,
+    grad_sync: str = "step",
+    gathered: int | None = None,
+    frozen_bytes: int = 2,
+) -> int:
     """Bytes of weights, gradients and AdamW moments one rank holds (activations not counted).
 
     One process or replicate (bf16-pure): bf16 weights (2 B) + for each trained parameter an fp32 master,
-    its fp32 gradient and two moments (16 B). FSDP: fp32 shards with their moments (12 B / world), a
-    layer-kept bf16 copy (2 B) and the fp32 gradient: unsharded over a step (4 B) with `grad_sync` "step",
-    sharded (4 B / world) when reduce-scattered after every micro-batch."""
+    its fp32 gradient and two moments (16 B). FSDP: fp32 shards of the trained parameters with their moments
+    (12 B / world), shards of the frozen ones (`frozen_bytes` / world: bf16 under bf16 compute, `fsdp.shard`),
+    the gathered bf16 weights (`gathered`, `fsdp.gathered_bytes`; by default every layer's, 2 B) and the fp32
+    gradient: unsharded over a step (4 B) with `grad_sync` "step", sharded (4 B / world) when reduce-scattered
+    after every micro-batch."""
     if parallel == "replicate" or world == 1:
         return 2 * total + 16 * trainable
     gradient = 4 * trainable if grad_sync == "step" else 4 * trainable // world
-    return 12 * trainable // world + 2 * total + gradient
+    shards = (12 * trainable + frozen_bytes * (total - trainable)) // world
+    return shards + (2 * total if gathered is None else gathered) + gradient
 
 
 def choose(requested: str, device: str, world: int, total: int, trainable: int, gpu_bytes: int | None) -> Parallel:

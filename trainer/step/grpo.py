@@ -42,7 +42,7 @@ from ..config import (
     host_threads,
 )
 from ..data.draws import EmptyDraws, draw_metrics
-from ..scale import fsdp, replicate
+from ..scale import fsdp, meta_init, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import VARLEN_NAME, compile_body, flash_varlen, use_varlen
@@ -183,9 +183,15 @@ class GRPOTrainer:
         if threads is not None:
             torch.set_num_threads(threads)
         torch.manual_seed(config.seed)
-        if model is None:
+        # many ranks: the policy is built on the meta device and each rank fills only its shard after sharding
+        # (meta_init.py); a meta-built model passed in (a benchmark's shape) gets random weights the same way
+        self.weights_from: Path | None = None  # the checkpoint a meta-built policy is read from
+        if model is None and dist is not None:
+            model, tokenizer, self.weights_from = meta_init.empty_policy(config.model)
+        elif model is None:
             model, tokenizer = load_policy(config.model, self.device)
-        self.model, self.tokenizer = model.to(self.device).float(), tokenizer
+        empty = meta_init.is_empty(model)
+        self.model, self.tokenizer = (model.float() if empty else model.to(self.device).float()), tokenizer
         if config.lora_r > 0:
             self.model = lora.wrap(
                 self.model, config.lora_r, config.lora_alpha, config.lora_dropout, config.lora_target_modules
@@ -212,12 +218,18 @@ class GRPOTrainer:
             config.parallel = replicate.choose(config.parallel, self.device, world, total, trainable, gpu)
         self.replicated = dist is not None and config.parallel == "replicate"
         sharded = dist is not None and not self.replicated
-        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing)
+        eager = self.pack == "off" and getattr(self.model.config, "_attn_implementation", None) == "eager"
+        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing,
+                                               config.max_len if eager else 0)  # fmt: skip
         layout: replicate.Parallel = "fsdp" if sharded else "replicate"
+        self.dtype = dtype = resolve_dtype(config.dtype, self.device)
+        gathered = fsdp.gathered_bytes(self.model, world, torch.device(self.device).type) if sharded else None
+        frozen = 4 if dtype == "fp32" else 2  # FSDP shards frozen weights in the compute dtype (fsdp.py)
+        held_by = functools.partial(replicate.state_bytes, total, trainable, layout, world, gathered=gathered,
+                                    frozen_bytes=frozen)  # fmt: skip
         if config.grad_sync == "auto":
-            step = replicate.state_bytes(total, trainable, layout, world, "step")
-            config.grad_sync = auto_grad_sync(gpu, sharded, step, per_token)
-        held = replicate.state_bytes(total, trainable, layout, world, config.grad_sync)
+            config.grad_sync = auto_grad_sync(gpu, sharded, held_by("step"), per_token)
+        held = held_by(config.grad_sync)
         if config.micro_batch_tokens is None:
             config.micro_batch_tokens = default_micro_batch_tokens(self.device, sharded, gpu, held, per_token)
         self.micro_batch_tokens: int = config.micro_batch_tokens
@@ -234,10 +246,9 @@ class GRPOTrainer:
         if self.loss_cfg.kl_beta > 0 and self.is_lora:
             self.ref_model = lora.ReferenceView(self.model)  # the base model = the policy with its adapter off
         elif self.loss_cfg.kl_beta > 0:
-            self.ref_model = load_policy(config.model, self.device)[0].eval().requires_grad_(False)
+            self.ref_model = self._reference_model()
             if getattr(lora.unwrap(self.model).config, "_attn_implementation", None) == VARLEN_NAME:
                 use_varlen(self.ref_model)  # the reference reads the same packed rows
-        self.dtype = dtype = resolve_dtype(config.dtype, self.device)
         # the log-prob forward of the policy and of the reference: plain calls, or the FSDP roots (fsdp.py)
         self.policy: Any = functools.partial(self._logprobs, self.model)
         self.reference: Any = functools.partial(self._logprobs, self.ref_model) if self.ref_model is not None else None
@@ -245,6 +256,9 @@ class GRPOTrainer:
         if dist is not None and not self.replicated:
             self._shard(dist, dtype != "fp32")
         else:
+            for built in (self.model, self.ref_model):  # meta-built, not sharded (replicas): filled whole
+                if built is not None and meta_init.is_empty(built):
+                    meta_init.materialise(built, self.device, self.weights_from, config.seed)
             if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
                 replicate.broadcast_weights(self.model, dist.group)
             self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
@@ -270,6 +284,15 @@ class GRPOTrainer:
             self.graphs = MicroBatchGraphs(self._train_micro_batch, self.device, recorder, undo, summed, ahead)
         self.step_count = 0
         self.batches_seen = 0  # batches pulled from the source, trained or skipped: the data cursor of --resume
+
+    def _reference_model(self) -> Any:
+        """The frozen KL reference of a full fine-tune: the policy's weights, loaded again (meta-built and
+        filled shard by shard after sharding when the policy is, `_shard`)."""
+        if self.weights_from is not None:
+            ref = meta_init.empty_policy(self.config.model)[0]
+        else:
+            ref = load_policy(self.config.model, self.device)[0]
+        return ref.eval().requires_grad_(False)
 
     def paths(self) -> list[str]:
         """One line per part of the training path this run takes (said before the first step)."""
@@ -309,10 +332,14 @@ class GRPOTrainer:
         cfg = self.config
         view = self.ref_model if self.is_lora else None
         self.policy = fsdp.shard(self.model, self._logprobs, dist.mesh, mixed, reference=view)
+        if meta_init.is_empty(self.policy):  # each rank fills its own shards (meta_init.py)
+            meta_init.materialise(self.policy, self.device, self.weights_from, cfg.seed)
         if view is not None:
             self.reference = functools.partial(self.policy, reference=True)
         elif self.ref_model is not None:
             self.reference = fsdp.shard(self.ref_model, self._logprobs, dist.mesh, mixed)
+            if meta_init.is_empty(self.reference):
+                meta_init.materialise(self.reference, self.device, self.weights_from, cfg.seed)
         self.precision = fsdp.ShardedPrecision(self.model, mixed, self.device, cfg.lr, cfg.betas, cfg.weight_decay)
 
     def _logprobs(self, model: Any, mb: Any) -> Any:

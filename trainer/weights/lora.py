@@ -73,11 +73,15 @@ def _linear_names(model: Any) -> dict[str, Any]:
 def _resolve_targets(model: Any, spec: str) -> str | list[str]:
     """peft's target_modules for `spec`; each name must match a Linear that is not the LM head."""
     names = _targets(spec)
-    if names == [ALL_LINEAR]:
-        return ALL_LINEAR
     head = model.get_output_embeddings()
     # the LM head is left out: the trainer's chunked log-probs read its plain weight, never an adapter on it
     linear = [n for n, m in _linear_names(model).items() if m is not head]
+    if names == [ALL_LINEAR]:
+        # a mixture of experts: the nn.Linear modules by name (attention projections, a shared expert's MLP), as
+        # peft's shorthand would also put adapters on the experts' grouped weights and the router (peft's
+        # ParamWrapper, which swaps parameters in during the forward: not something FSDP's sharded parameters or
+        # the compiled layers follow)
+        return sorted({n.split(".")[-1] for n in linear}) if _has_experts(model) else ALL_LINEAR
     for target in names:
         # peft's own rule: a target matches a module whose name is it or ends with "." + it
         if not any(n == target or n.endswith("." + target) for n in linear):
@@ -87,6 +91,11 @@ def _resolve_targets(model: Any, spec: str) -> str | list[str]:
                 hint=f"{ALL_LINEAR!r} or a comma list of: {', '.join(leaves)}",
             )
     return names
+
+
+def _has_experts(model: Any) -> bool:
+    config = model.config
+    return bool(getattr(config, "num_experts", None) or getattr(config, "num_local_experts", None))
 
 
 def wrap(model: Any, r: int, alpha: int | None, dropout: float, target_modules: str) -> Any:
