@@ -49,7 +49,7 @@ SHAPES: dict[str, dict[str, Any]] = {
 # one full) of width 32 ending in the merger into 64
 TINY: dict[str, Any] = dict(
     text_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     num_key_value_heads=2, max_position_embeddings=1024, tie_word_embeddings=True,
+                     num_key_value_heads=2, max_position_embeddings=192, tie_word_embeddings=True,
                      rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]}),
     vision_config=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=14,
                        spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1],

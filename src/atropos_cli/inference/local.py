@@ -228,7 +228,7 @@ class LocalBackend:
 
     @property
     def max_model_len(self) -> int:
-        config = self._state.model.config
+        config = self._state.model.config.get_text_config()  # a VL model's: its text stack's
         return int(getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length)
 
     @property
