@@ -117,3 +117,16 @@ def test_image_rows_for_a_text_only_trainer_are_refused():
     group = ScoredGroup(tokens=[[1, 2, 3]], masks=[[-100, 2, 3]], scores=[1.0], images=["aGk="])
     with pytest.raises(InputError, match="reads text only; the batch has 1 rollout"):
         refuse_images([group], "atropos-tiny-arith")
+
+
+def test_atropos_models_lists_the_vision_language_family_and_its_paths():
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    result = CliRunner().invoke(app, ["models"], env={"COLUMNS": "500"})
+    assert result.exit_code == 0, result.output
+    row = next(line for line in result.output.splitlines() if line.split()[:1] == ["qwen2_5_vl"])
+    assert "Qwen2.5-VL-3B" in row and "patch merger" in row and "mrope" in row
+    assert "loop sampler: the static engine refuses this model (a vision-language model" in row
+    assert "each image row its own micro-batch" in row

@@ -183,13 +183,14 @@ class LocalBackend:
         max_wait_s: float = 0.002,
         num_threads: int | None = None,
         model: tuple[Any, Any] | None = None,
+        vision: Any = None,
     ) -> None:
         """`model`: (model, tokenizer) already in memory (the Tinker service's sampler weights), instead of
-        loading `config.model_name`."""
+        loading `config.model_name`; `vision`: such a model's image side (`atropos_cli.vision.VisionProcessor`)."""
         self.config = config
         self.model_name = config.model_name
         self._state = (
-            _Loaded(model[0], model[1], 0, config.model_name)
+            _Loaded(model[0], model[1], 0, config.model_name, vision)
             if model is not None
             else load_model(config.model_name, config.device, config.dtype)
         )
