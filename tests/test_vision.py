@@ -130,3 +130,53 @@ def test_atropos_models_lists_the_vision_language_family_and_its_paths():
     assert "Qwen2.5-VL-3B" in row and "patch merger" in row and "mrope" in row
     assert "loop sampler: the static engine refuses this model (a vision-language model" in row
     assert "each image row its own micro-batch" in row
+
+
+def test_image_rows_through_the_trajectory_api_reach_the_trainer_with_their_images(trajectory_api, vl_dir):
+    """An env posts a group with images; the trainer's batch from `GET /batch` holds them, and the VL trainer's
+    rows get their image tokens and pixels from it."""
+    from atropos_cli.api.client import ApiClient, TrainerRegistration
+    from atropos_cli.inference.tokenizer import load_tokenizer
+    from atropos_cli.trainer.step.vision_rows import VisionRows
+    from atropos_cli.vision import VisionProcessor
+
+    api = trajectory_api()
+    tokenizer = load_tokenizer(str(vl_dir))
+    turns = [{"role": "user", "content": "Count."}]
+    prompt = tokenizer.apply_chat_template(turns, add_generation_prompt=True, return_dict=False)
+    rows = [list(prompt) + [40, 41, 42], list(prompt) + [43, 44]]
+    url = png(90)
+    group = ScoredGroup(
+        tokens=rows, masks=[[-100] * len(prompt) + r[len(prompt) :] for r in rows], scores=[1.0, -1.0],
+        images=[url, url.split(",", 1)[1]],
+    )  # fmt: skip
+
+    async def round_trip() -> list[dict]:
+        async with ApiClient(api.url) as client:
+            await client.register(TrainerRegistration(batch_size=2))
+            await client.post_groups([group])
+            return await client.get_batch() or []
+
+    (got,) = [ScoredGroup.model_validate(g) for g in asyncio.run(round_trip())]
+    assert got.images == group.images
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(vl_dir)
+    (expanded,), vision = VisionRows(VisionProcessor.load(str(vl_dir), config), tokenizer).expand([got])
+    pads = [t.count(config.image_token_id) for t in expanded.tokens]
+    assert pads == [4, 4] and [v.images for v in vision[0]] == [1, 1]
+    assert all(m[: len(prompt) + 6] == [-100] * (len(prompt) + 6) for m in expanded.masks)  # never trained
+
+
+def test_atropos_inference_serves_chats_with_images_for_a_vision_language_model(backend):
+    import httpx
+
+    from atropos_cli.inference.server import create_app
+    from atropos_cli.testing.threaded import ThreadedServer
+
+    body = {"messages": chat(png(70)), "n": 2, "max_tokens": 6, "logprobs": True, "seed": 1, "return_token_ids": True}
+    with ThreadedServer(create_app(backend), lifespan="off") as server:
+        reply = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60).json()
+    assert reply["prompt_token_ids"].count(backend.model.config.image_token_id) == 4
+    for choice in reply["choices"]:
+        assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) >= 1
