@@ -306,7 +306,7 @@ class GRPOTrainer:
             "off": "padded rows",
         }[self.pack]
         if self.vision is not None:
-            layout = "padded rows, each image row its own micro-batch (vision tower + mrope positions), eager body"
+            layout = trainer_attention_path(model)
         graphs = "CUDA graphs: on" if self.graphs is not None else "CUDA graphs: off"
         if self.graphs is None and (why := self._graphs_refused(self.dtype)) is not None:
             graphs += f" (they need {why})"
@@ -527,14 +527,21 @@ class GRPOTrainer:
         if self.dist is not None and self.replicated:  # every rank holds the same state: rank 0 writes it whole
             path = None
             if self.dist.is_main:
-                path = save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
+                saved = self._saved_tokenizer
+                path = save_checkpoint(out, self.step_count, self.model, saved, self.optimizer, state, keep)
             self.dist.barrier()
             return path or out / CHECKPOINTS / f"step-{self.step_count}"
         if self.dist is not None:
             from ..scale.sharded_checkpoint import save_sharded
 
             return save_sharded(out, self.step_count, self, state, keep, self.dist)
-        return save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
+        return save_checkpoint(out, self.step_count, self.model, self._saved_tokenizer, self.optimizer, state, keep)
+
+    @property
+    def _saved_tokenizer(self) -> Any:
+        """What a checkpoint saves beside the weights: the tokenizer, and a VL model's image processor (a checkpoint
+        directory then loads as the model it came from)."""
+        return self.tokenizer if self.vision is None else self.vision.saved_with(self.tokenizer)
 
     @property
     def is_lora(self) -> bool:

@@ -56,6 +56,10 @@ class VisionRows:
         self.processor = processor
         self.turn_end = _turn_end(tokenizer, processor)
 
+    def saved_with(self, tokenizer: Any) -> Any:
+        """`tokenizer` whose `save_pretrained(DIR)` also writes the image processor (a checkpoint's)."""
+        return _SavedWithImages(tokenizer, self.processor.image_processor)
+
     def expand(self, groups: list[ScoredGroup]) -> tuple[list[ScoredGroup], dict[int, list[VisionInputs | None]]]:
         """The groups with each image rollout's tokens, masks and per-token lists widened by its images' tokens,
         and each group's per-rollout inputs (by group index; groups without images are absent)."""
@@ -94,6 +98,15 @@ class VisionRows:
             )
         block = [t for n in counts for t in self.processor.block(n)]
         return ends[-1], block
+
+
+class _SavedWithImages:
+    def __init__(self, tokenizer: Any, image_processor: Any) -> None:
+        self.tokenizer, self.image_processor = tokenizer, image_processor
+
+    def save_pretrained(self, path: Any) -> None:
+        self.tokenizer.save_pretrained(path)
+        self.image_processor.save_pretrained(path)
 
 
 def _columns(group: ScoredGroup, widened: list[tuple[int, list[int]] | None]) -> dict[str, Any]:

@@ -257,8 +257,9 @@ class LocalBackend:
         model = self._state.model
         if model is None or model.device.type != "cuda":
             return 1 << 30
-        heads, dim = kv_layout(model.config)
-        per_token = 2 * model.config.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
+        config = model.config.get_text_config()  # a VL model's: its text stack's
+        heads, dim = kv_layout(config)
+        per_token = 2 * config.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
         free, _ = torch.cuda.mem_get_info(model.device)
         return max(1, int(free * share) // (per_token * max(1, tokens_per_row)))
 

@@ -172,8 +172,8 @@ def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest], vision: Any 
         if len({tuple(r.prompt_ids) for r in rows}) != 1:
             raise ValueError("image rows are sampled one prompt at a time (its n choices)")
         batch = vision.repeated(len(rows))
-        pixels, grid = batch.pixel_values.to(device, model.dtype), batch.image_grid_thw.to(device)
-        images = {"pixel_values": pixels, "image_grid_thw": grid}
+        batch = type(batch)(batch.pixel_values.to(device, model.dtype), batch.image_grid_thw.to(device))
+        images = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.image_grid_thw}
         positions = mrope_positions(model, ids, batch)
     banned = _image_markers(model)
     with torch.inference_mode():
