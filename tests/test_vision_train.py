@@ -80,3 +80,19 @@ def test_image_rows_for_a_text_only_model_are_one_error(tmp_path: Path) -> None:
     lines = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert lines == ["error: model 'atropos-tiny-arith' reads text only; the batch has 1 rollout(s) with images"]
     assert "Traceback" not in result.output and "hint:" in result.output
+
+
+@pytest.mark.slow  # clevr_complex.py above covers the path in CI; these are the other multimodal env files
+@pytest.mark.parametrize("name", ["ocr_vqa", "pixmo_clocks", "pixmo_count", "pixmo_point_explanations"])
+def test_train_on_the_other_multimodal_env_files(name: str, tmp_path: Path, standins: None) -> None:
+    from typer.testing import CliRunner
+
+    from atropos_cli.cli.app import app
+
+    env_file = sdist_root() / "environments" / "multimodal_dpo" / f"{name}.py"
+    model = save_tiny(tmp_path / "tiny-vl")
+    args = ["train", str(env_file), "--model", str(model), "--out", str(tmp_path / "run"), "--steps", "1"]
+    args += ["--groups-per-step", "1", "--env.group_size", "4", "--env.ensure_scores_are_not_same", "false"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert [m["image_rows"] for m in _metrics(tmp_path / "run")] == [4]
