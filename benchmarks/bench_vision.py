@@ -100,7 +100,9 @@ def trainer_steps(args: argparse.Namespace, groups: list[Any], model: Any, token
 
     folder = tempfile.mkdtemp(prefix="bench-vision-")
     families_vl.image_processor().save_pretrained(folder)  # where the trainer reads the image processor from
-    cfg = GRPOConfig(model=folder, out=str(Path(folder) / "out"), device=args.device, lr=1e-6, max_len=8192)
+    cfg = GRPOConfig(
+        model=folder, out=str(Path(folder) / "out"), device=args.device, lr=1e-6, max_len=8192, lora_r=args.lora_r
+    )
     trainer = GRPOTrainer(cfg, model=model, tokenizer=tokenizer)
     warm = trainer.step(groups)
     _sync(args.device)
@@ -135,6 +137,7 @@ def main() -> None:
     parser.add_argument("--image", type=int, default=448, help="image side in pixels (448: 256 image tokens)")
     parser.add_argument("--gen-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3, help="timed trainer steps (after one warm-up step)")
+    parser.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: full fine-tune)")
     parser.add_argument("--out", default=None, help="append the results row (markdown) to this file")
     args = parser.parse_args()
     from atropos_cli import families_vl
@@ -159,9 +162,9 @@ def main() -> None:
     train = trainer_steps(args, groups, master, tokenizer)
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     text = config.text_config
-    shape = (
-        f"{args.shape or 'tiny'} ({text.num_hidden_layers} layers, {params / 1e9:.2f}B params, vocab {len(tokenizer)})"
-    )
+    how = f"LoRA r={args.lora_r}" if args.lora_r else "full fine-tune"
+    size = f"{text.num_hidden_layers} layers, {params / 1e9:.2f}B params, vocab {len(tokenizer)}"
+    shape = f"{args.shape or 'tiny'} ({size}; {how})"
     header = (
         "| shape | card | rows (prompts x n) | image px (tokens) | prompt tokens | rollout gen tok/s | "
         "trainer step s | trained tok/s | model tok/s | image rows a step | peak GiB (trainer) | mean abs logprob gap |"

@@ -51,7 +51,8 @@
 #                    (trainer-families@2 trainer-families@3) with TRAINER_FAMILIES_<GPU>.
 #   vision           bench_vision.py: a Qwen2.5-VL shape (VISION_SHAPE, Qwen2.5-VL-3B) at full depth, random weights:
 #                    rollouts of chats with one image each (VISION_GROUPS (16) prompts x 8, 448 px: 256 image
-#                    tokens, 256 new tokens) on the local backend, then trainer steps on those image + text rows.
+#                    tokens, 256 new tokens) on the local backend, then trainer steps on those image + text rows
+#                    (full fine-tuning; VISION_LORA=16 trains LoRA adapters instead).
 #   two-nodes        (4 GPUs) two torchrun launchers of 2 GPUs each (--nnodes 2) against one launcher of 4, same
 #                    rollouts and flags: both loss curves and their largest difference.
 set -uo pipefail
@@ -121,7 +122,7 @@ round_families() {
 
 round_vision() {
     python3 benchmarks/bench_vision.py --shape "${VISION_SHAPE:-Qwen2.5-VL-3B}" --groups "${VISION_GROUPS:-16}" \
-        --out "$OUT/vision.md" > "$OUT/vision.log" 2>&1
+        --lora-r "${VISION_LORA:-0}" --out "$OUT/vision.md" > "$OUT/vision.log" 2>&1
     cat "$OUT/vision.md" 2>/dev/null || quiet < "$OUT/vision.log" | tail -30
 }
 
