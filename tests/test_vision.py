@@ -180,3 +180,19 @@ def test_atropos_inference_serves_chats_with_images_for_a_vision_language_model(
     assert reply["prompt_token_ids"].count(backend.model.config.image_token_id) == 4
     for choice in reply["choices"]:
         assert len(choice["token_ids"]) == len(choice["logprobs"]["content"]) >= 1
+
+
+def test_a_vl_directory_without_its_image_processor_and_packing_are_refused_with_a_hint(vl_dir, tmp_path, backend):
+    import shutil
+
+    from atropos_cli.errors import ConfigError, ModelLoadError
+    from atropos_cli.trainer.step.grpo import packing_mode
+
+    bare = tmp_path / "bare"
+    shutil.copytree(vl_dir, bare, ignore=shutil.ignore_patterns("preprocessor_config.json"))
+    with pytest.raises(ModelLoadError, match="has no loadable image processor") as caught:
+        LocalBackend(ServerConfig(model_name=str(bare), server_type="local", device="cpu"))
+    assert "preprocessor_config.json" in caught.value.hint
+    with pytest.raises(ConfigError, match="packing is not supported for vision-language models"):
+        packing_mode(backend.model, True, "cpu")
+    assert packing_mode(backend.model, None, "cuda") == "off"  # padded rows on CUDA too
