@@ -6,13 +6,15 @@ What it measures: the local backend sampling chats that each carry one image (GR
 image processor and the vision tower in the prefill, the loop sampler: the static engine takes no image inputs),
 completion tokens/s; then GRPO steps of the trainer's defaults on those rows (each image row its own micro-batch,
 the pixels recomputed from the row's image), trained tokens/s and model tokens/s; and the largest gap between the
-trainer's logprobs and the rollout's on the sampled tokens (the logprob contract, in bf16 on the GPU).
+trainer's logprobs and the rollout's on the sampled tokens (the logprob contract, in bf16 on the GPU). Last, the
+same text stack as a Qwen2 causal LM samples text prompts of the image rows' length on the static engine: the ratio
+of the two rollout rates is what the loop sampler costs image rows.
 
     python benchmarks/bench_vision.py --out vision.md                  # GPU: Qwen2.5-VL-3B, 448 px images
     python benchmarks/bench_vision.py --tiny --device cpu --out x.md   # a smoke test of the script itself
 
 The rollout model (a bf16 copy of the trainer's fp32 weights) is freed before the trainer's optimizer states are
-made, so the 3B shape fits one 80 GB card.
+made, so the 3B shape fits one 80 GB card; the text stack on the static engine runs last, alone on the card.
 """
 
 from __future__ import annotations
@@ -92,6 +94,49 @@ def rollouts(args: argparse.Namespace, model: Any, tokenizer: Any, vision: Any) 
     }  # fmt: skip
 
 
+def engine_tok_s(args: argparse.Namespace, config: Any, tokenizer: Any, prompt_len: int) -> float:
+    """The same text stack as a Qwen2 causal LM (no vision tower, 1-D rope) on the local backend's static engine
+    (CUDA): text prompts as long as the image rows' prompts, the same rows and new tokens. Beside the image rows'
+    rate it is what the loop sampler costs them."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from atropos_cli.config import ServerConfig
+    from atropos_cli.inference.base import SamplingParams
+    from atropos_cli.inference.local import LocalBackend
+
+    text = config.text_config
+    keys = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "vocab_size", "tie_word_embeddings", "max_position_embeddings", "rms_norm_eps")  # fmt: skip
+    values = {k: getattr(text, k) for k in keys}
+    qwen2 = AutoConfig.for_model(
+        "qwen2", **values, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if args.device.startswith("cuda") else torch.float32
+    with torch.device(args.device):
+        model = AutoModelForCausalLM.from_config(qwen2, dtype=dtype).eval()
+    rows = args.groups * args.n
+    backend = LocalBackend(
+        ServerConfig(model_name="text-engine", server_type="local", device=args.device),
+        max_batch_size=rows, model=(model, tokenizer),
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(1, len(tokenizer) - 8, (prompt_len,), generator=gen).tolist() for _ in range(args.groups)]
+    params = SamplingParams(n=args.n, max_tokens=args.gen_tokens, temperature=1.0, seed=0)
+
+    async def run() -> tuple[int, float]:
+        started = time.perf_counter()
+        with backend.expecting(rows, args.gen_tokens):
+            gens = await asyncio.gather(*(backend.complete(p, params) for p in prompts))
+        _sync(args.device)
+        return sum(len(c.token_ids or []) for g in gens for c in g.choices), time.perf_counter() - started
+
+    asyncio.run(run())  # warm-up: the engine's build (its compile) and first batch
+    tokens, elapsed = asyncio.run(run())
+    return tokens / elapsed  # the model and its engine go with this frame (main() collects them)
+
+
 def trainer_steps(args: argparse.Namespace, groups: list[Any], model: Any, tokenizer: Any) -> dict[str, float]:
     """The trainer's defaults on the rollout groups (the rollout's weights, fp32 masters): a warm-up step (its
     logprob gap is the contract's, before any update), then `--steps` timed ones."""
@@ -138,6 +183,10 @@ def main() -> None:
     parser.add_argument("--gen-tokens", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3, help="timed trainer steps (after one warm-up step)")
     parser.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: full fine-tune)")
+    parser.add_argument(
+        "--no-engine-row", dest="engine_row", action="store_false",
+        help="skip the text-only rate of the same text stack on the static engine (the loop sampler's cost)",
+    )  # fmt: skip
     parser.add_argument("--out", default=None, help="append the results row (markdown) to this file")
     args = parser.parse_args()
     from atropos_cli import families_vl
@@ -160,6 +209,11 @@ def main() -> None:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     train = trainer_steps(args, groups, master, tokenizer)
+    del master  # last: the engine's compiled step and CUDA graphs are built with nothing else on the card
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+    engine = engine_tok_s(args, config, tokenizer, roll["prompt_tokens"]) if args.engine_row else float("nan")
     card = torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"
     text = config.text_config
     how = f"LoRA r={args.lora_r}" if args.lora_r else "full fine-tune"
@@ -167,11 +221,13 @@ def main() -> None:
     shape = f"{args.shape or 'tiny'} ({size}; {how})"
     header = (
         "| shape | card | rows (prompts x n) | image px (tokens) | prompt tokens | rollout gen tok/s | "
+        "text rows on the engine, same stack, tok/s | "
         "trainer step s | trained tok/s | model tok/s | image rows a step | peak GiB (trainer) | mean abs logprob gap |"
     )
     row = (
         f"| {shape} | {card} | {args.groups} x {args.n} | {args.image} ({roll['image_tokens']}) | "
-        f"{roll['prompt_tokens']} | {roll['gen_tok_s']:,.0f} | {train['step_s']:.2f} | {train['trained_tok_s']:,.0f} | "
+        f"{roll['prompt_tokens']} | {roll['gen_tok_s']:,.0f} | {engine:,.0f} ({engine / roll['gen_tok_s']:.1f}x) | "
+        f"{train['step_s']:.2f} | {train['trained_tok_s']:,.0f} | "
         f"{train['model_tok_s']:,.0f} | {train['image_rows']} | {train['peak_gib']:.1f} | "
         f"{train['gap']:.4f} |"
     )
