@@ -32,7 +32,7 @@ def rollout_path(model: Any, cuda: bool) -> str:
 
     refused = refusal(model)
     if is_vision_config(model.config):
-        return f"loop sampler: the static engine refuses this model ({refused}); image rows one prompt's choices a batch"
+        return f"loop sampler: the static engine refuses this model ({refused}); a prompt's choices a batch"
     if refused is not None:
         return f"loop sampler: the static engine refuses this model ({refused}); on CUDA ~20-30x slower"
     if not cuda:
