@@ -2,7 +2,7 @@
 dataset replaced by tests/atropos_corpus_data.py's stand-in rows of tiny PNGs) with a tiny Qwen2.5-VL of random
 weights: the images go through the local backend's processor in rollouts and reach the policy's forward in the
 trainer (`image_rows` in metrics.jsonl), then the saved rollouts (images and all) train again from the file, with
-LoRA from the run's checkpoint, and move the adapter."""
+LoRA and full fine-tuning from the run's checkpoint, with a gradient."""
 
 from __future__ import annotations
 
@@ -51,19 +51,20 @@ def test_train_on_clevr_complex_with_a_vision_language_model(tmp_path: Path, sta
     groups = [json.loads(line) for line in (out / "trained_rollouts.jsonl").read_text().splitlines()]
     assert len(groups) == 2 and all(len(g["images"]) == 4 for g in groups)
 
-    # the same rows from the file, with scores that carry signal, on LoRA from the run's checkpoint (saved with its
-    # image processor: it loads as the model it came from): the adapter moves
+    # the same rows from the file, with scores that carry signal, from the run's checkpoint (saved with its image
+    # processor: it loads as the model it came from), LoRA and full fine-tuning: the gradient is not zero
     data = tmp_path / "rollouts.jsonl"
     for g in groups:
         g["scores"] = [1.0, -1.0, 1.0, -1.0]
     data.write_text("".join(json.dumps(g) + "\n" for g in groups))
-    again = tmp_path / "again"
     checkpoint = out / "checkpoints" / "step-2"
-    args = ["train", "--data", str(data), "--model", str(checkpoint), "--out", str(again), "--steps", "1"]
-    result = CliRunner().invoke(app, [*args, "--groups-per-step", "2", "--lora-r", "4", "--lr", "1e-3"])
-    assert result.exit_code == 0, result.output
-    (step,) = _metrics(again)
-    assert step["image_rows"] == 8 and step["grad_norm"] > 0 and math.isfinite(step["loss"])
+    for name, extra in (("lora", ["--lora-r", "4"]), ("full", [])):
+        again = tmp_path / name
+        args = ["train", "--data", str(data), "--model", str(checkpoint), "--out", str(again), "--steps", "1"]
+        result = CliRunner().invoke(app, [*args, "--groups-per-step", "2", "--lr", "1e-3", *extra])
+        assert result.exit_code == 0, result.output
+        (step,) = _metrics(again)
+        assert step["image_rows"] == 8 and step["grad_norm"] > 0 and math.isfinite(step["loss"]), name
 
 
 def test_image_rows_for_a_text_only_model_are_one_error(tmp_path: Path) -> None:
