@@ -66,13 +66,17 @@
 #                    (its wheels from .whl-tinker/, installed apart in /tmp/tinker-site, seen by the SDK's side only)
 #                    against `atropos serve-trainer`: forward_backward and sample tokens/s at LoRA r=RANK (32), beside
 #                    `atropos train arithmetic` TRAIN_STEPS (4) steps in the same run; under 6 minutes.
+#   vision           bench_vision.py: a Qwen2.5-VL shape (VISION_SHAPE, Qwen2.5-VL-3B) at full depth, random weights:
+#                    rollouts of chats with one image each (VISION_GROUPS (16) prompts x 8, 448 px: 256 image
+#                    tokens, 256 new tokens) on the local backend, then trainer steps on those image + text rows
+#                    (full fine-tuning; VISION_LORA=16 trains LoRA adapters instead).
 #   two-nodes        (4 GPUs) two torchrun launchers of 2 GPUs each (--nnodes 2) against one launcher of 4, same
 #                    rollouts and flags: both loss curves and their largest difference.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 : "${OUT:?set OUT to an empty folder for the results}"
 ROUNDS="trainer graphs trainer-profile generation families engine-profile loop-split async async-four async-curves fsdp
-fsdp-variants replicas fsdp-large fsdp-families loop-four two-nodes gpu-suite compile-cache trainer-families tinker"
+fsdp-variants replicas fsdp-large fsdp-families loop-four two-nodes gpu-suite compile-cache trainer-families tinker vision"
 D=a:0:a:auto:a  # bench_trainer's spec of the trainer's defaults
 quiet() { grep -v "^W1\|Warning\|warn" || true; }
 per_gpu() {  # the value of NAME_<first GPU of this round> if set, else of NAME, else DEFAULT
@@ -135,6 +139,12 @@ round_families() {
     python3 benchmarks/bench_generation.py --family "$list" --batches "${GEN_BATCHES:-512}" \
         --out "$OUT/$name.md" > "$OUT/$name.log" 2>&1
     cat "$OUT/$name.md" 2>/dev/null || grep "^|\|Error" "$OUT/$name.log" | tail -30
+}
+
+round_vision() {
+    python3 benchmarks/bench_vision.py --shape "${VISION_SHAPE:-Qwen2.5-VL-3B}" --groups "${VISION_GROUPS:-16}" \
+        --lora-r "${VISION_LORA:-0}" --out "$OUT/vision.md" > "$OUT/vision.log" 2>&1
+    cat "$OUT/vision.md" 2>/dev/null || quiet < "$OUT/vision.log" | tail -30
 }
 
 round_engine_profile() {

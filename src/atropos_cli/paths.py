@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["attention_line", "rollout_path", "trainer_attention_path"]
+__all__ = ["VISION_TRAINING", "attention_line", "rollout_path", "trainer_attention_path"]
+
+# how a vision-language model trains (trainer/step/vision_rows.py says why)
+VISION_TRAINING = "padded rows, each image row its own micro-batch (vision tower + mrope positions), eager body"
 
 
 def attention_line(model: Any) -> str:
@@ -25,8 +28,11 @@ def rollout_path(model: Any, cuda: bool) -> str:
     """How the local backend samples this model: the static engine (and its decode attention) or the loop
     sampler, and why."""
     from atropos_cli.inference.engine import decode_attention_for, refusal
+    from atropos_cli.vision import is_vision_config
 
     refused = refusal(model)
+    if is_vision_config(model.config):
+        return f"loop sampler: the static engine refuses this model ({refused}); a prompt's choices a batch"
     if refused is not None:
         return f"loop sampler: the static engine refuses this model ({refused}); on CUDA ~20-30x slower"
     if not cuda:
@@ -40,7 +46,10 @@ def trainer_attention_path(model: Any) -> str:
     """How training rows attend on CUDA for this model: packed through the varlen flash kernel, or padded rows
     with the model's own attention where the kernel lacks a variant (sinks, soft-capped scores)."""
     from atropos_cli.attention import describe
+    from atropos_cli.vision import is_vision_config
 
+    if is_vision_config(model.config):
+        return VISION_TRAINING
     facts = describe(model)
     slow = [name for flag, name in ((facts.sinks, "sinks"), (facts.attn_softcap, "soft-capped scores")) if flag]
     if slow:

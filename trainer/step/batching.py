@@ -34,6 +34,7 @@ __all__ = [
     "group_advantages",
     "prepare",
     "micro_batches",
+    "image_micro_batches",
     "static_micro_batches",
     "static_rows",
     "static_micro_batch",
@@ -56,6 +57,7 @@ class Sample:
     # the teacher's logprob of each target token (per position of tokens[1:]), NaN where its top-k lacks it
     teacher_logprobs: list[float] | None = None
     group: int = 0  # index of its group in the step's batch (a many-GPU step gives each rank whole groups)
+    vision: Any = None  # its images' pixel inputs (`atropos_cli.vision.VisionInputs`; vision_rows.py)
 
     @property
     def num_trained(self) -> int:
@@ -142,12 +144,14 @@ def prepare(
     dynamic_sampling: bool,
     max_len: int,
     keep: Callable[[dict[int, int]], set[int]] | None = None,
+    vision: dict[int, list[Any]] | None = None,
 ) -> Prepared:
     """Samples for one step. Groups without token ids raise ValueError naming the fix (require_tokens).
 
     `keep` (a many-rank step): given each trained group's load (its samples' tokens, by group index), the groups
     whose samples this rank builds; the others are only counted (a rank of 4 builds a quarter of the samples, the
-    per-token lists being the costly part, while the counts and metrics stay those of the whole batch)."""
+    per-token lists being the costly part, while the counts and metrics stay those of the whole batch).
+    `vision`: each image group's per-rollout pixel inputs, by group index (`vision_rows.VisionRows.expand`)."""
     out = Prepared()
     trained: list[int] = []  # indices of the groups that train
     loads: dict[int, int] = {}
@@ -177,6 +181,7 @@ def prepare(
         for i, adv in enumerate(group_advantages(group.scores, scale_rewards)):
             sample = _sample(group, i, adv, max_len)
             sample.group = index
+            sample.vision = (vision or {}).get(index, [None] * group.size)[i]
             if sample.num_trained > 0:
                 out.samples.append(sample)
     return out
@@ -211,6 +216,9 @@ class MicroBatch:
     cu_seqlens: torch.Tensor | None = None
     max_doc_len: int = 0
     real_tokens: int = 0  # model tokens that are not filler
+    # a VL model's image row (one sample, its own micro-batch): the patches and grids of its images
+    pixel_values: torch.Tensor | None = None
+    image_grid_thw: torch.Tensor | None = None
 
     @property
     def packed(self) -> bool:
@@ -353,6 +361,16 @@ def micro_batches(samples: list[Sample], max_tokens: int, pack: bool = False) ->
         current.append(s)
     if current:
         batches.append(_collate([[x] for x in current]))
+    return batches
+
+
+def image_micro_batches(samples: list[Sample]) -> list[MicroBatch]:
+    """Image samples, each its own one-row micro-batch with its images' pixel inputs (vision_rows.py says why)."""
+    batches = []
+    for s in samples:
+        mb = _collate([[s]])
+        mb.pixel_values, mb.image_grid_thw = s.vision.pixel_values, s.vision.image_grid_thw
+        batches.append(mb)
     return batches
 
 

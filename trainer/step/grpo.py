@@ -30,6 +30,7 @@ from typing import Any, Literal
 from atropos_cli.attention import describe
 from atropos_cli.errors import ConfigError, ModelLoadError
 from atropos_cli.types import ScoredGroup
+from atropos_cli.vision import VisionInputs, is_vision_config, positions
 
 from ..checkpoint import CHECKPOINTS, latest_checkpoint, load_optimizer_state, read_trainer_state, save_checkpoint
 from ..config import (
@@ -46,13 +47,23 @@ from ..scale import fsdp, meta_init, replicate
 from ..scale.distributed import Dist, assign_groups
 from ..weights import lora
 from .attention import VARLEN_NAME, compile_body, flash_varlen, use_varlen
-from .batching import Deferred, Sample, StaticShape, micro_batches, narrow_warmups, prepare, static_rows
+from .batching import (
+    Deferred,
+    Sample,
+    StaticShape,
+    image_micro_batches,
+    micro_batches,
+    narrow_warmups,
+    prepare,
+    static_rows,
+)
 from .graphs import CudaRecorder, MicroBatchGraphs
 from .logprobs import flat_token_logprobs
 from .losses import LossStats, Normaliser, distill_loss, policy_loss
 from .metrics import loss_metrics, reward_metrics
 from .precision import Dtype, Precision
 from .router import router_for
+from .vision_rows import VisionRows, refuse_images
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "train", "resolve_device", "packing_mode", "PackMode"]
 
@@ -76,14 +87,14 @@ def resolve_dtype(name: str, device: str) -> Dtype:
 def load_policy(name: str, device: str) -> tuple[Any, Any]:
     """fp32 model (the master weights) + tokenizer, from a shipped name, a directory or a hub id."""
     import torch
-    from transformers import AutoModelForCausalLM
 
+    from atropos_cli.inference.local import pretrained
     from atropos_cli.inference.tokenizer import load_tokenizer
     from atropos_cli.resources import resolve_model_path
 
     tokenizer = load_tokenizer(name)
     try:
-        model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name), dtype=torch.float32)
+        model, _ = pretrained(resolve_model_path(name), torch.float32)
     except OSError as exc:
         raise ModelLoadError(f"cannot load model {name!r}: {exc}", hint="pass a saved model directory") from None
     # transformers' stubs type the self argument of the decorated `.to()` wrongly
@@ -141,6 +152,13 @@ def packing_mode(model: Any, pack: bool | None, device: str, dtype: str = "auto"
       every model, gpt-oss's for one); on CUDA where torch lacks varlen attention, through flex attention.
     """
     cuda = device.startswith("cuda")
+    if is_vision_config(lora.unwrap(model).config):  # mrope positions per row: padded rows, the model's attention
+        if pack:
+            raise ConfigError(
+                "packing is not supported for vision-language models (each row's mrope positions and images)",
+                hint="drop --pack (padded rows; image rows one a micro-batch)",
+            )
+        return "off"
     if not (cuda if pack is None else pack):
         return "off"
     if not cuda or resolve_dtype(dtype, device) == "fp32":  # varlen attention's dense path: exact for every model
@@ -203,6 +221,8 @@ class GRPOTrainer:
             if self.is_lora:  # the embeddings are frozen: without this no gradient reaches a checkpointed block
                 self.model.enable_input_require_grads()
         self.model.train()
+        # a vision-language policy's image side: its processor, where its chat template puts images
+        self.vision = vision_rows_for(lora.unwrap(self.model), self.tokenizer, config.model)
         self.pack = packing_mode(self.model, config.pack, self.device, config.dtype)
         # Gemma 2's logits = cap * tanh(h·Wᵀ / cap): read once, the policy's and the reference's alike
         self.final_softcap = describe(lora.unwrap(self.model)).final_softcap
@@ -219,7 +239,7 @@ class GRPOTrainer:
         self.replicated = dist is not None and config.parallel == "replicate"
         sharded = dist is not None and not self.replicated
         eager = self.pack == "off" and getattr(self.model.config, "_attn_implementation", None) == "eager"
-        per_token = activation_bytes_per_token(self.model.config, config.gradient_checkpointing,
+        per_token = activation_bytes_per_token(self.model.config.get_text_config(), config.gradient_checkpointing,
                                                config.max_len if eager else 0)  # fmt: skip
         layout: replicate.Parallel = "fsdp" if sharded else "replicate"
         self.dtype = dtype = resolve_dtype(config.dtype, self.device)
@@ -236,6 +256,7 @@ class GRPOTrainer:
         check_fits(gpu, held, per_token, self.micro_batch_tokens)
         self.static_shape = StaticShape.for_budget(self.micro_batch_tokens, config.max_len, EXACT_ROWS)
         compile_on = self.device.startswith("cuda") if config.compile is None else config.compile
+        compile_on = compile_on and self.vision is None  # a VL model's body runs eager (image rows vary in shape)
         if compile_on and self.device.startswith("cuda"):
             if config.activation_memory_budget is not None:
                 import torch._functorch.config as functorch_config
@@ -308,6 +329,8 @@ class GRPOTrainer:
             "rows": "packed rows (varlen attention's dense path)",
             "off": "padded rows",
         }[self.pack]
+        if self.vision is not None:
+            layout = trainer_attention_path(model)
         graphs = "CUDA graphs: on" if self.graphs is not None else "CUDA graphs: off"
         if self.graphs is None and (why := self._graphs_refused(self.dtype)) is not None:
             graphs += f" (they need {why})"
@@ -362,6 +385,13 @@ class GRPOTrainer:
                 inputs.update(_pieces(mb.position_ids))
         elif mb.padded:  # else no mask at all: attention takes the plain causal (flash) path
             inputs["attention_mask"] = mb.attention_mask
+        if self.vision is not None:  # mrope positions from the model's rope index, images with their row
+            images = None
+            if mb.pixel_values is not None:
+                images = VisionInputs(mb.pixel_values, mb.image_grid_thw)
+                inputs.update(pixel_values=mb.pixel_values, image_grid_thw=mb.image_grid_thw)
+            mask = mb.attention_mask if mb.padded else None
+            inputs["position_ids"] = positions(lora.unwrap(self.model), mb.input_ids, images, mask)  # no weights read
         routed = self.router is not None and torch.is_grad_enabled()  # the policy's forward, not the reference's
         if routed:
             inputs["output_router_logits"] = True
@@ -391,8 +421,15 @@ class GRPOTrainer:
         # many ranks: each builds only its own groups' samples (the counts stay the whole batch's)
         keep = self._my_groups if self.dist is not None else None
         loss_cfg = self.loss_cfg
-        prepared = prepare(groups, loss_cfg.scale_rewards, loss_cfg.dynamic_sampling, cfg.max_len, keep)
+        vision = None
+        if self.vision is None:
+            refuse_images(groups, cfg.model)
+        else:
+            groups, vision = self.vision.expand(groups)
+        prepared = prepare(groups, loss_cfg.scale_rewards, loss_cfg.dynamic_sampling, cfg.max_len, keep, vision)
         metrics = reward_metrics(prepared)
+        if self.vision is not None:  # the image rows that reach the policy's forward with their pixels
+            metrics["image_rows"] = sum(s.vision is not None for s in prepared.samples)
         if not prepared.sequences:
             return {**metrics, "skipped": True, "step_time_s": time.perf_counter() - started}
         self._set_lr()
@@ -497,6 +534,10 @@ class GRPOTrainer:
         """The step's micro-batches; static ones are collated as they are read (`batching.Deferred`)."""
         if not samples:
             return []
+        images = [s for s in samples if s.vision is not None]
+        if images:
+            text = [s for s in samples if s.vision is None]
+            return [*self._micro_batches(text), *image_micro_batches(images)]
         if self.pack == "static":
             return Deferred(static_rows(samples, self.static_shape), self.static_shape)
         return micro_batches(samples, self.micro_batch_tokens, self.pack == "rows")
@@ -514,14 +555,21 @@ class GRPOTrainer:
         if self.dist is not None and self.replicated:  # every rank holds the same state: rank 0 writes it whole
             path = None
             if self.dist.is_main:
-                path = save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
+                saved = self._saved_tokenizer
+                path = save_checkpoint(out, self.step_count, self.model, saved, self.optimizer, state, keep)
             self.dist.barrier()
             return path or out / CHECKPOINTS / f"step-{self.step_count}"
         if self.dist is not None:
             from ..scale.sharded_checkpoint import save_sharded
 
             return save_sharded(out, self.step_count, self, state, keep, self.dist)
-        return save_checkpoint(out, self.step_count, self.model, self.tokenizer, self.optimizer, state, keep)
+        return save_checkpoint(out, self.step_count, self.model, self._saved_tokenizer, self.optimizer, state, keep)
+
+    @property
+    def _saved_tokenizer(self) -> Any:
+        """What a checkpoint saves beside the weights: the tokenizer, and a VL model's image processor (a checkpoint
+        directory then loads as the model it came from)."""
+        return self.tokenizer if self.vision is None else self.vision.saved_with(self.tokenizer)
 
     @property
     def is_lora(self) -> bool:
@@ -568,6 +616,16 @@ class GRPOTrainer:
         self.step_count = int(state["step"])
         self.batches_seen = int(state.get("batches_seen", self.step_count))
         return checkpoint
+
+
+def vision_rows_for(model: Any, tokenizer: Any, name: str) -> VisionRows | None:
+    """A VL policy's `VisionRows` (its image processor from the model's directory); None for a text-only one."""
+    from atropos_cli.resources import resolve_model_path
+    from atropos_cli.vision import VisionProcessor
+
+    if not is_vision_config(model.config):
+        return None
+    return VisionRows(VisionProcessor.load(resolve_model_path(name), model.config), tokenizer)
 
 
 def train(

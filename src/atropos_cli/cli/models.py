@@ -49,6 +49,19 @@ def _families_table() -> Table:
             rollout_path(model, cuda=True),
             trainer_attention_path(model),
         )
+    from transformers import AutoModelForImageTextToText
+
+    from atropos_cli import families_vl
+
+    with torch.device("meta"):
+        model = AutoModelForImageTextToText.from_config(families_vl.config_for(next(iter(families_vl.SHAPES))))
+    table.add_row(
+        families_vl.VL_FAMILY,
+        ", ".join(families_vl.SHAPES),
+        f"{attention_line(model).removeprefix('attention: ')}; {families_vl.TRAITS}",
+        rollout_path(model, cuda=True),
+        trainer_attention_path(model),
+    )
     return table
 
 

@@ -130,7 +130,10 @@ def refusal(model: Any) -> str | None:
     interleaved), attention sinks and soft-capped scores (`atropos_cli.attention`); a model it cannot drive
     exactly runs on the loop sampler instead, never approximately."""
     from atropos_cli.attention import describe
+    from atropos_cli.vision import is_vision_config
 
+    if is_vision_config(model.config):
+        return "a vision-language model: image inputs and mrope positions are not in its decode step"
     layers = getattr(getattr(model, "model", None), "layers", None)
     if not layers:
         return "no `model.layers` decoder stack"

@@ -64,6 +64,7 @@ class _Loaded:
     tokenizer: Any
     version: int
     path: str
+    vision: Any = None  # a VL model's image side (`atropos_cli.vision.VisionProcessor`); None: text only
 
 
 @dataclass
@@ -71,6 +72,7 @@ class _Job:
     prompt_ids: list[int]
     params: SamplingParams
     top_logprobs: int
+    vision: Any = None  # the prompt's images (`atropos_cli.vision.VisionInputs`)
 
 
 def resolve_device(name: str) -> str:
@@ -118,7 +120,6 @@ def load_model(name: str, device: str, dtype: str) -> _Loaded:
             hint="save one beside the weights with tokenizer.save_pretrained(DIR)",
         )
     try:
-        from transformers import AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise ModelLoadError(
@@ -128,7 +129,7 @@ def load_model(name: str, device: str, dtype: str) -> _Loaded:
     tokenizer = load_tokenizer(path)
     torch_device = resolve_device(device)
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=resolve_dtype(dtype, torch_device))
+        model, vision = pretrained(path, resolve_dtype(dtype, torch_device))
     except OSError as exc:
         raise ModelLoadError(
             f"cannot load model {name!r}: not a local directory, and the Hugging Face hub is unreachable "
@@ -138,7 +139,21 @@ def load_model(name: str, device: str, dtype: str) -> _Loaded:
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     # transformers' stubs type the self argument of the decorated `.to()` wrongly
-    return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path)  # type: ignore[arg-type]
+    return _Loaded(model.to(torch_device).eval(), tokenizer, 0, path, vision)  # type: ignore[arg-type]
+
+
+def pretrained(path: str, dtype: Any) -> tuple[Any, Any]:
+    """(model, its image side or None) from a directory or hub id: a causal LM, or a vision-language model
+    (AutoModelForImageTextToText with the image processor saved beside it). OSError when neither is reachable."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from atropos_cli.vision import VisionProcessor, is_vision_config
+
+    config = AutoConfig.from_pretrained(path)
+    if not is_vision_config(config):
+        return AutoModelForCausalLM.from_pretrained(path, dtype=dtype), None
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype)
+    return model, VisionProcessor.load(path, model.config)
 
 
 def set_cpu_threads(model: Any, num_threads: int | None) -> None:
@@ -168,13 +183,14 @@ class LocalBackend:
         max_wait_s: float = 0.002,
         num_threads: int | None = None,
         model: tuple[Any, Any] | None = None,
+        vision: Any = None,
     ) -> None:
         """`model`: (model, tokenizer) already in memory (the Tinker service's sampler weights), instead of
-        loading `config.model_name`."""
+        loading `config.model_name`; `vision`: such a model's image side (`atropos_cli.vision.VisionProcessor`)."""
         self.config = config
         self.model_name = config.model_name
         self._state = (
-            _Loaded(model[0], model[1], 0, config.model_name)
+            _Loaded(model[0], model[1], 0, config.model_name, vision)
             if model is not None
             else load_model(config.model_name, config.device, config.dtype)
         )
@@ -199,6 +215,11 @@ class LocalBackend:
         return self._state.model
 
     @property
+    def vision(self) -> Any:
+        """The model's image side (`atropos_cli.vision.VisionProcessor`), or None for a text-only model."""
+        return self._state.vision
+
+    @property
     def tokenizer_name(self) -> str:
         return self._state.path
 
@@ -208,7 +229,7 @@ class LocalBackend:
 
     @property
     def max_model_len(self) -> int:
-        config = self._state.model.config
+        config = self._state.model.config.get_text_config()  # a VL model's: its text stack's
         return int(getattr(config, "max_position_embeddings", None) or self.tokenizer.model_max_length)
 
     @property
@@ -236,8 +257,9 @@ class LocalBackend:
         model = self._state.model
         if model is None or model.device.type != "cuda":
             return 1 << 30
-        heads, dim = kv_layout(model.config)
-        per_token = 2 * model.config.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
+        config = model.config.get_text_config()  # a VL model's: its text stack's
+        heads, dim = kv_layout(config)
+        per_token = 2 * config.num_hidden_layers * heads * dim * model.dtype.itemsize  # K and V, every layer
         free, _ = torch.cuda.mem_get_info(model.device)
         return max(1, int(free * share) // (per_token * max(1, tokens_per_row)))
 
@@ -260,7 +282,20 @@ class LocalBackend:
         return list(tokenizer.encode(text, add_special_tokens=False))
 
     async def chat(self, messages: list[dict[str, Any]], params: SamplingParams, top_logprobs: int = 0) -> Generation:
-        return await self._generate(self.chat_prompt_ids(messages), params, top_logprobs)
+        from atropos_cli.vision import message_images
+
+        images = message_images(messages)
+        if not images:
+            return await self._generate(self.chat_prompt_ids(messages), params, top_logprobs)
+        vision = self._state.vision
+        if vision is None:  # as vLLM answers a text-only model: an error, never the images silently dropped
+            raise BadRequestError(
+                f"model {self.model_name!r} reads text only; the request has {len(images)} image part(s)",
+                hint="train a vision-language model (atropos models lists the family), or send text only",
+            )
+        pixels = vision.inputs(images, BadRequestError)
+        ids = vision.expand(self.chat_prompt_ids(messages), pixels, BadRequestError)
+        return await self._generate(ids, params, top_logprobs, pixels)
 
     async def complete(self, prompt: str | list[int], params: SamplingParams, top_logprobs: int = 0) -> Generation:
         if isinstance(prompt, str):
@@ -276,7 +311,9 @@ class LocalBackend:
                 )
         return await self._generate(ids, params, top_logprobs)
 
-    async def _generate(self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int) -> Generation:
+    async def _generate(
+        self, prompt_ids: list[int], params: SamplingParams, top_logprobs: int, vision: Any = None
+    ) -> Generation:
         limit = self.max_model_len
         if not prompt_ids:
             raise BadRequestError("the prompt is empty", hint="send at least one token")
@@ -285,7 +322,7 @@ class LocalBackend:
                 f"prompt is {len(prompt_ids)} tokens but model {self.model_name!r} has a context of {limit} tokens",
                 hint=f"shorten the prompt to at most {limit - 1} tokens",
             )
-        rows = await self._batcher.submit(_Job(prompt_ids, params, top_logprobs))
+        rows = await self._batcher.submit(_Job(prompt_ids, params, top_logprobs, vision))
         choices = [self._choice(i, row, params) for i, row in enumerate(rows)]
         completion_tokens = sum(len(r.token_ids) for r in rows)
         return Generation(
@@ -338,6 +375,7 @@ class LocalBackend:
                         stop=[s if isinstance(s, str) else self.tokenizer.decode([s]) for s in job.params.stop or []],
                         seed=base_seed + choice,
                         top_logprobs=job.top_logprobs,
+                        vision=job.vision,
                     )
                 )
         return rows
@@ -345,10 +383,26 @@ class LocalBackend:
     def _sample(self, rows: list[RowRequest]) -> list[RowResult]:
         """The rows sampled by this backend's engine (the static engine on CUDA, `sample_rows` elsewhere)."""
         state = self._state  # read once: a reload during this batch takes effect at the next one
+        if any(r.vision is not None for r in rows):
+            return self._sample_images(state, rows)
         fast = state.model.device.type == "cuda" and supports(state.model)
         if fast and not any(r.top_logprobs for r in rows):
             return self._engine(state, rows).run(rows, swap=self._swap_point(state.model))
         return sample_rows(state.model, state.tokenizer, rows)
+
+    def _sample_images(self, state: _Loaded, rows: list[RowRequest]) -> list[RowResult]:
+        """A batch with image rows: each job's rows (one prompt, its images) sampled together on the loop sampler
+        (the static engine takes no image inputs or mrope positions), the text rows as one batch."""
+        jobs: dict[int, list[int]] = {}
+        for i, row in enumerate(rows):
+            jobs.setdefault(id(row.vision) if row.vision is not None else 0, []).append(i)
+        results: list[RowResult | None] = [None] * len(rows)
+        for key, members in jobs.items():
+            part = [rows[i] for i in members]
+            vision = part[0].vision if key else None
+            for i, result in zip(members, sample_rows(state.model, state.tokenizer, part, vision), strict=True):
+                results[i] = result
+        return [r for r in results if r is not None]
 
     def _swap_point(self, model: Any) -> Any:
         """What the static engine calls between decode steps to take new weights in place (returning their
@@ -410,11 +464,13 @@ class LocalBackend:
         has_tokenizer = any((directory / f).is_file() for f in TOKENIZER_FILES)
         if has_tokenizer:
             fresh = load_model(str(directory), self.config.device, self.config.dtype)
-        else:
-            from transformers import AutoModelForCausalLM
+        else:  # weights only: this model's tokenizer and image side stay
+            from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-            model = AutoModelForCausalLM.from_pretrained(directory, dtype=self._state.model.dtype)
-            fresh = _Loaded(model.to(self._state.model.device).eval(), self._state.tokenizer, 0, str(directory))
+            auto = AutoModelForCausalLM if self._state.vision is None else AutoModelForImageTextToText
+            model = auto.from_pretrained(directory, dtype=self._state.model.dtype)
+            state = self._state
+            fresh = _Loaded(model.to(state.model.device).eval(), state.tokenizer, 0, str(directory), state.vision)
         fresh.version = self._state.version + 1
         self._state = fresh  # one attribute store: atomic for the batch thread
         return fresh.version

@@ -79,8 +79,13 @@ class ChatMessage(BaseModel):
     def images(self) -> int:
         return sum(isinstance(p, ImagePart) for p in self.content) if isinstance(self.content, list) else 0
 
-    def for_template(self) -> dict[str, Any]:
-        return {**(self.model_extra or {}), "role": self.role, "content": self.text()}
+    def for_template(self, parts: bool = False) -> dict[str, Any]:
+        """The message as the chat template takes it: its text, or with `parts` (a vision-language model) its
+        content parts, images included, in order."""
+        content: Any = self.text()
+        if parts and isinstance(self.content, list):
+            content = [p.model_dump() for p in self.content]
+        return {**(self.model_extra or {}), "role": self.role, "content": content}
 
 
 class _Common(BaseModel):

@@ -34,6 +34,7 @@ class RowRequest:
     stop: list[str] = field(default_factory=list)
     seed: int = 0
     top_logprobs: int = 0
+    vision: Any = None  # the prompt's images (`atropos_cli.vision.VisionInputs`): rows of one job share it
 
     def __post_init__(self) -> None:
         if not self.temperature >= GREEDY_BELOW:  # NaN too
@@ -133,8 +134,23 @@ def _stopped_by_string(tokenizer: Any, row: RowRequest, result: RowResult) -> bo
     return False
 
 
-def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[RowResult]:
-    """Sample a completion for every row in one batched decode; returns results in row order."""
+def _image_markers(model: Any) -> list[int]:
+    """A vision-language model's image marker tokens (vision start/end, image and video pads): never sampled, as
+    a pad the model wrote would be an image placeholder without pixels in any later forward of the row."""
+    config = model.config
+    if getattr(config, "vision_config", None) is None:
+        return []
+    names = ("image_token_id", "video_token_id", "vision_start_token_id", "vision_end_token_id")
+    vocab = config.get_text_config().vocab_size
+    return [int(i) for i in (getattr(config, n, None) for n in names) if i is not None and i < vocab]
+
+
+def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest], vision: Any = None) -> list[RowResult]:
+    """Sample a completion for every row in one batched decode; returns results in row order.
+
+    `vision` (a VL model's image rows, `atropos_cli.vision.VisionInputs`): the rows share one prompt and its images
+    (one job's `n` choices); the prefill takes each row's copy of the images and the mrope positions of the model's
+    own rope index, and every later token is one position past the last on all three axes."""
     import torch
 
     device = model.device
@@ -149,11 +165,24 @@ def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[RowR
     extra = {cache_kw: cache}
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         extra["logits_to_keep"] = 1  # the prefill only needs the last position's logits
+    images: dict[str, Any] = {}
+    if vision is not None:
+        from atropos_cli.vision import positions as mrope_positions
+
+        if len({tuple(r.prompt_ids) for r in rows}) != 1:
+            raise ValueError("image rows are sampled one prompt at a time (its n choices)")
+        batch = vision.repeated(len(rows))
+        batch = type(batch)(batch.pixel_values.to(device, model.dtype), batch.image_grid_thw.to(device))
+        images = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.image_grid_thw}
+        positions = mrope_positions(model, ids, batch)
+    banned = _image_markers(model)
     with torch.inference_mode():
-        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra, **images)
         for step in range(max(r.max_new_tokens for r in rows)):
             logits = out.logits[:, -1, :].float()
             logprobs = torch.log_softmax(logits, dim=-1)
+            if banned:  # sampled never, their logprobs stay the model's
+                logits = logits.index_fill(1, torch.tensor(banned, device=logits.device), float("-inf"))
             tokens = _sample(logits, rows, generators)
             picked = logprobs.gather(1, tokens[:, None])[:, 0].tolist()
             top = logprobs.topk(top_k, dim=-1) if top_k else None
@@ -175,7 +204,7 @@ def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[RowR
             if not any(active):
                 break
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            positions = positions[:, -1:] + 1
+            positions = positions[..., -1:] + 1
             out = model(
                 input_ids=tokens[:, None], attention_mask=mask, position_ids=positions, use_cache=True, **extra,
             )  # fmt: skip

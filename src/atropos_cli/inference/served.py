@@ -87,10 +87,10 @@ class LocalServed:
 
     async def chat(self, req: ChatRequest) -> dict[str, Any]:
         images = sum(m.images() for m in req.messages)
-        if images:  # as vLLM answers a text-only model: an error, never the images silently dropped
-            message = f"the served model reads text only; the request has {images} image part(s)"
-            raise HTTPError(400, message, "messages")
-        messages = [m.for_template() for m in req.messages]
+        if images and getattr(self.backend, "vision", None) is None:  # as vLLM answers a text-only model: an
+            message = f"the served model reads text only; the request has {images} image part(s)"  # error, never
+            raise HTTPError(400, message, "messages")  # the images silently dropped
+        messages = [m.for_template(parts=bool(images)) for m in req.messages]
         top = (req.top_logprobs or 0) if req.logprobs else 0
         generation = await self.backend.chat(messages, req.sampling(req.budget, self._decode_one), top_logprobs=top)
         return _chat_response(self.backend, req, generation)
