@@ -195,6 +195,11 @@ def main() -> None:
     if args.tiny:
         args.shape = None
         args.groups, args.n, args.image, args.gen_tokens, args.steps = 2, 2, 28, 16, 1
+    began = time.perf_counter()
+
+    def progress(what: str) -> None:  # each stage as it ends: a run cut short by its time limit still says where
+        print(f"  [{time.perf_counter() - began:6.1f} s] {what}", flush=True)
+
     tokenizer = families_vl.tiny_tokenizer()
     config = families_vl.config_for(args.shape, args.layers, tokenizer)
     master = families_vl.build(config, seed=0, dtype=torch.float32, device=args.device)  # the trainer's weights
@@ -202,13 +207,16 @@ def main() -> None:
     model = copy.deepcopy(master).to(torch.bfloat16) if cuda else master  # the rollout engine's: bf16 on CUDA
     vision = VisionProcessor.for_config(families_vl.image_processor(), model.config)
     params = sum(p.numel() for p in model.parameters())
+    progress(f"built {args.shape or 'tiny'}: {params / 1e9:.2f}B params")
     groups, roll = rollouts(args, model, tokenizer, vision)
+    progress(f"rollouts: {roll['gen_tok_s']:,.0f} generated tok/s, {roll['image_tokens']} image tokens a row")
     del model
     gc.collect()
     if cuda:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     train = trainer_steps(args, groups, master, tokenizer)
+    progress(f"trainer: {train['step_s']:.2f} s a step, {train['peak_gib']:.1f} GiB peak, gap {train['gap']:.4f}")
     del master  # last: the engine's compiled step and CUDA graphs are built with nothing else on the card
     gc.collect()
     if cuda:
