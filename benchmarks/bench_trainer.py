@@ -470,6 +470,7 @@ def _isolated(args, lengths: str, kind: str, spec: str) -> dict:
     argv = [sys.executable, __file__, "--child", f"{kind}={spec}", "--lengths", lengths, "--device", args.device]
     argv += ["--seqs", str(args.seqs), "--seq-len", str(args.seq_len), "--min-len", str(args.min_len)]
     argv += ["--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--tiny"] if args.tiny else [])
+    argv += ["--family", args.family] if args.family else []
     runs = []
     for _ in range(args.repeat):
         done = subprocess.run(argv, capture_output=True, text=True)
@@ -512,6 +513,7 @@ def main() -> None:
     parser.add_argument("--ours-equal", default=DEFAULT_OURS["equal"], help="variants (parse_variant), comma-separated")
     parser.add_argument("--ours-mixed", default=DEFAULT_OURS["mixed"])
     parser.add_argument("--atropos", default="32:1", help="variants micro_batch:checkpointing")
+    parser.add_argument("--family", default=None, help="a published shape of atropos_cli/families.py (Llama-3.2-1B)")
     parser.add_argument("--no-grad-check", action="store_true")
     parser.add_argument("--out", default=None, help="also write the markdown table here")
     parser.add_argument("--isolate", action="store_true", help="each row in fresh processes of its own")
@@ -521,14 +523,20 @@ def main() -> None:
     if args.repeat < 1:
         parser.error(f"--repeat is {args.repeat}; give at least 1 (processes a row with --isolate)")
 
-    cfg = qwen_config(args.tiny)
+    if args.family:  # a published shape of atropos_cli/families.py (its tiny shape with --tiny)
+        from atropos_cli import families
+
+        cfg = families.config_for(args.family, tiny=args.tiny)
+    else:
+        cfg = qwen_config(args.tiny)
     state = {k: v.cpu() for k, v in fresh_model(cfg, "cpu").state_dict().items()}
     probe = fresh_model(cfg, "meta")
     n_params = sum({v.data_ptr(): v.numel() for v in state.values()}.values())  # tied weights once
     device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
     lines = [
         f"# trainer benchmark: {device_name}, torch {torch.__version__}",
-        f"model: Qwen2.5-0.5B-shaped, {n_params / 1e6:.0f}M params, random weights; step = {args.seqs} sequences "
+        f"model: {args.family or 'Qwen2.5-0.5B'}-shaped, {n_params / 1e6:.0f}M params, random weights; "
+        f"step = {args.seqs} sequences "
         f"(equal: {args.seq_len} tokens each; mixed: uniform in {args.min_len}-{args.seq_len}, new lengths every "
         f"step); {args.steps} timed steps after {args.warmup} warm-up steps",
         "",

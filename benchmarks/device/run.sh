@@ -11,8 +11,8 @@
 # Each round writes its tables to $OUT/ROUND/ and prints them; a round cut short keeps what it finished. Results
 # files in benchmarks/results/ name the round they came from. Rounds (one GPU unless marked):
 #
-#   trainer          bench_trainer.py --isolate: the trainer's defaults, mixed and equal lengths, each row in
-#                    REPEAT (2) fresh processes, WARMUP (40) warm-up and STEPS (10) timed steps; then Atropos'
+#   trainer          bench_trainer.py --isolate on FAMILY (a published shape; default Qwen2.5-0.5B): the trainer's
+#                    defaults, mixed and equal lengths, each row in REPEAT (2) fresh processes, WARMUP (40) warm-up and STEPS (10) timed steps; then Atropos'
 #                    example_trainer on the same card (ATROPOS=0 skips it). MIXED= / EQUAL= add rows
 #                    (bench_trainer.parse_variant specs, comma-separated; e.g. a 32k micro-batch:
 #                    MIXED=a:0:a:auto:a,32768:0:a:auto:a).
@@ -95,13 +95,13 @@ setup() {  # this package's wheel (and any the machine lacks) from .whl/, first 
 
 round_trainer() {
     export TORCHINDUCTOR_FX_GRAPH_CACHE=0 TORCHINDUCTOR_AUTOGRAD_CACHE=0
-    python3 benchmarks/bench_trainer.py --isolate --repeat "${REPEAT:-2}" --steps "${STEPS:-10}" \
+    python3 benchmarks/bench_trainer.py --isolate --repeat "${REPEAT:-2}" --steps "${STEPS:-10}" ${FAMILY:+--family "$FAMILY"} \
         --warmup "${WARMUP:-40}" --lengths mixed,equal --no-grad-check --ours-mixed "${MIXED:-$D}" \
         --ours-equal "${EQUAL:-$D}" --atropos "" --out "$OUT/trainer.md" > "$OUT/trainer.log" 2>&1
     cat "$OUT/trainer.md" 2>/dev/null || quiet < "$OUT/trainer.log" | tail -30
     grep "^  ours" "$OUT/trainer.log"  # each run's tokens/s and timed step times
     if [ "${ATROPOS:-1}" = 1 ]; then
-        python3 benchmarks/bench_trainer.py --steps 9 --warmup 3 --lengths mixed,equal --no-grad-check \
+        python3 benchmarks/bench_trainer.py --steps 9 --warmup 3 --lengths mixed,equal --no-grad-check ${FAMILY:+--family "$FAMILY"} \
             --ours-mixed "" --ours-equal "" --atropos 32:1 --out "$OUT/atropos.md" > "$OUT/atropos.log" 2>&1
         grep "^| Atropos" "$OUT/atropos.md" 2>/dev/null || quiet < "$OUT/atropos.log" | tail -10
     fi
