@@ -12,8 +12,9 @@
 # files in benchmarks/results/ name the round they came from. Rounds (one GPU unless marked):
 #
 #   trainer          bench_trainer.py --isolate on FAMILY (a published shape; default Qwen2.5-0.5B): the trainer's
-#                    defaults, mixed and equal lengths, each row in REPEAT (2) fresh processes, WARMUP (40) warm-up and STEPS (10) timed steps; then Atropos'
-#                    example_trainer on the same card (ATROPOS=0 skips it). MIXED= / EQUAL= add rows
+#                    defaults, mixed and equal lengths, each row in REPEAT (2) fresh processes, WARMUP (40)
+#                    warm-up and STEPS (10) timed steps; then Atropos' example_trainer on the same card and shape
+#                    (ATROPOS=0 skips it). MIXED= / EQUAL= add rows
 #                    (bench_trainer.parse_variant specs, comma-separated; e.g. a 32k micro-batch:
 #                    MIXED=a:0:a:auto:a,32768:0:a:auto:a).
 #   graphs           CUDA graphs of whole micro-batches: the numerics check against eager steps (check_graphs.py),
