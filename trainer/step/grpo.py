@@ -278,7 +278,8 @@ class GRPOTrainer:
             self._shard(dist, dtype != "fp32")
         else:
             for built in (self.model, self.ref_model):  # meta-built, not sharded (replicas): filled whole
-                if built is not None and meta_init.is_empty(built):
+                # (a LoRA run's reference is a view of the policy's own weights, filled with them)
+                if isinstance(built, torch.nn.Module) and meta_init.is_empty(built):
                     meta_init.materialise(built, self.device, self.weights_from, config.seed)
             if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
                 replicate.broadcast_weights(self.model, dist.group)
