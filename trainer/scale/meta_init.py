@@ -30,7 +30,15 @@ from typing import Any
 
 from atropos_cli.errors import ModelLoadError
 
-__all__ = ["params_on_meta", "empty_from_config", "empty_policy", "is_empty", "materialise", "model_directory"]
+__all__ = [
+    "params_on_meta",
+    "empty_from_config",
+    "empty_policy",
+    "is_empty",
+    "fill_if_empty",
+    "materialise",
+    "model_directory",
+]
 
 
 @contextlib.contextmanager
@@ -104,6 +112,15 @@ def empty_policy(name: str) -> tuple[Any, Any, Path]:
 def is_empty(model: Any) -> bool:
     """Whether any parameter of `model` is still a meta tensor (built by this module, not yet materialised)."""
     return any(p.is_meta for p in model.parameters())
+
+
+def fill_if_empty(model: Any, device: str, checkpoint: Path | None, seed: int) -> None:
+    """`materialise` a module still on the meta device; a model already real (loaded whole) or a view of another
+    model's weights (a LoRA run's reference) is left as it is."""
+    import torch
+
+    if isinstance(model, torch.nn.Module) and is_empty(model):
+        materialise(model, device, checkpoint, seed)
 
 
 def materialise(model: Any, device: str, checkpoint: Path | None, seed: int) -> None:

@@ -278,9 +278,7 @@ class GRPOTrainer:
             self._shard(dist, dtype != "fp32")
         else:
             for built in (self.model, self.ref_model):  # meta-built, not sharded (replicas): filled whole
-                # (a LoRA run's reference is a view of the policy's own weights, filled with them)
-                if isinstance(built, torch.nn.Module) and meta_init.is_empty(built):
-                    meta_init.materialise(built, self.device, self.weights_from, config.seed)
+                meta_init.fill_if_empty(built, self.device, self.weights_from, config.seed)
             if dist is not None:  # replicas start from rank 0's weights and sum their gradients (replicate.py)
                 replicate.broadcast_weights(self.model, dist.group)
             self.precision = Precision(self.model, dtype, self.device, config.lr, config.betas, config.weight_decay)
@@ -356,14 +354,12 @@ class GRPOTrainer:
         cfg = self.config
         view = self.ref_model if self.is_lora else None
         self.policy = fsdp.shard(self.model, self._logprobs, dist.mesh, mixed, reference=view)
-        if meta_init.is_empty(self.policy):  # each rank fills its own shards (meta_init.py)
-            meta_init.materialise(self.policy, self.device, self.weights_from, cfg.seed)
+        meta_init.fill_if_empty(self.policy, self.device, self.weights_from, cfg.seed)  # each rank its own shards
         if view is not None:
             self.reference = functools.partial(self.policy, reference=True)
         elif self.ref_model is not None:
             self.reference = fsdp.shard(self.ref_model, self._logprobs, dist.mesh, mixed)
-            if meta_init.is_empty(self.reference):
-                meta_init.materialise(self.reference, self.device, self.weights_from, cfg.seed)
+            meta_init.fill_if_empty(self.reference, self.device, self.weights_from, cfg.seed)
         self.precision = fsdp.ShardedPrecision(self.model, mixed, self.device, cfg.lr, cfg.betas, cfg.weight_decay)
 
     def _logprobs(self, model: Any, mb: Any) -> Any:
