@@ -85,7 +85,9 @@ def make_question(rng: random.Random, facts: int) -> dict[str, Any]:
         name = (rng.choice(SYLLABLES) + rng.choice(SYLLABLES)).capitalize()
         if name not in names:
             names.append(name)
-    records = {n: {"town": n, **{f: rng.randint(lo, hi) for f, (lo, hi) in FIELDS.items()}} for n in names}
+    records: dict[str, dict[str, Any]] = {
+        n: {"town": n, **{f: rng.randint(lo, hi) for f, (lo, hi) in FIELDS.items()}} for n in names
+    }
     op, key = rng.choice([q for q in QUESTIONS if q[0] == "sum" or facts == 2])
     if op == "sum":
         listed = " and ".join(names) if facts == 2 else ", ".join(names[:-1]) + " and " + names[-1]
@@ -93,7 +95,7 @@ def make_question(rng: random.Random, facts: int) -> dict[str, Any]:
     else:
         names.sort(key=lambda n: records[n][key], reverse=True)
         question, answer = QUESTIONS[op, key].format(*names), records[names[0]][key] - records[names[1]][key]
-    return {"question": question, "towns": names, "records": records, "answer": answer}
+    return {"question": question, "towns": names, "records": records, "op": op, "field": key, "answer": answer}
 
 
 _OPS: dict[type, Callable[[Any, Any], Any]] = {
@@ -120,7 +122,7 @@ def calculate(expression: str) -> int | float:
 
 
 def _evaluate(node: ast.AST) -> int | float:
-    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool):
         return node.value
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
         value = _evaluate(node.operand)
