@@ -250,7 +250,9 @@ class ToolAgentEnv(MultiTurnEnv):
         context = config.max_context or self.context_length()
         budget = self.turn_budget(len(prompt_ids) if prompt_ids is not None else None, context)
         if budget is None:
-            raise ValueError(f"the first prompt is {len(prompt_ids or [])} tokens: no room for a reply in {context}")
+            raise ValueError(
+                f"the first prompt is {len(prompt_ids or [])} tokens: a context of {context} leaves no room for a reply"
+            )
         tally, turns = Tally(), 0
         while True:
             choice = await self.reply(messages, prompt_ids, max_tokens=budget)
