@@ -10,9 +10,11 @@ Turn loop: the model replies with calls (`<tool_call>{"name": ..., "arguments": 
 of the `tool_calling` env, read by the same parser; several in one reply run in order, at most 4); each result
 comes back as its own message of role `--env.result_role` (`tool`, or `user` for chat templates without a tool
 role), and the model replies again. A reply with `<answer>...</answer>` and no call is the final answer and
-ends the rollout. A reply with neither (or only malformed calls) gets a one-line reminder of the format as a user
-turn. The rollout also ends after `--env.max_turns` replies, or when the next reply would not fit the model's
-context (`--env.max_context`, default the tokenizer's `model_max_length`; part `context_full`).
+ends the rollout. A reply with neither gets a one-line reminder of the format, malformed calls a note saying how
+many, as a user turn. The rollout also ends after `--env.max_turns` replies, or when the next reply would not fit
+the model's context (`--env.max_context`, default the tokenizer's `model_max_length`; part `context_full`). The
+built-in system prompt is terse (the shipped tiny model's 256 positions hold it, a reply and a reminder);
+`--env.system_prompt` replaces it for models that do better with more words.
 
 Reward: `(1 if the answer is right else 0.2 * found) - 0.1 * wasted`, where `found` is the fraction of the
 question's towns whose record the model looked up, and `wasted` counts replies that ran no call and gave no
@@ -47,7 +49,7 @@ from atropos_cli.types import Message
 from ._shared.answers import answer_tag, last_number, strip_think
 from ._shared.tools import parse_calls
 
-SYSTEM = (  # short: the shipped tiny model's 256 positions hold it, a reply and a reminder
+SYSTEM = (
     'Tools: lookup {"town"}, calculator {"expression"}. '
     'Reply <tool_call>{"name": ..., "arguments": {...}}</tool_call> or <answer>N</answer>.'
 )
@@ -75,6 +77,7 @@ class ToolAgentConfig(EnvConfig):
     max_context: int | None = Field(
         None, ge=32, description="The model's context in tokens (default: the tokenizer's model_max_length)."
     )
+    system_prompt: str | None = Field(None, description="Replaces the built-in (terse) system prompt.")
     eval_size: int = Field(100, ge=1, description="Items of the eval split (atropos evaluate).")
 
 
@@ -244,7 +247,10 @@ class ToolAgentEnv(MultiTurnEnv):
     async def play(self, item: dict[str, Any]) -> ScoredPlay:
         """One rollout: model replies and tool results in turn until an answer, `max_turns` or a full context."""
         config: ToolAgentConfig = self.config  # type: ignore[assignment]
-        messages: list[Message] = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": item["question"]}]
+        messages: list[Message] = [
+            {"role": "system", "content": config.system_prompt or SYSTEM},
+            {"role": "user", "content": item["question"]},
+        ]
         trace = TokenTrace(self.tokenizer) if self.tokenizer is not None else None
         prompt_ids = trace.start(messages) if trace else None
         context = config.max_context or self.context_length()

@@ -195,9 +195,10 @@ def test_chat_only_backend_plays_the_same_rollouts(fake_server, tmp_path):
     server, book = scripted_server(fake_server, [], whole_chat=True)
     groups = process(
         tmp_path / "chat", *SCRIPTED,
-        "--env.result_role", "user", "--openai.base_url", server.base_url,
+        "--env.result_role", "user", "--env.system_prompt", "Use the tools.", "--openai.base_url", server.base_url,
     )  # fmt: skip
     check_rewards(groups, book)
+    assert {chat[0]["content"] for g in groups for chat in g["messages"]} == {"Use the tools."}
     assert all(g["meta"]["tokens_missing"] and not g["tokens"] for g in groups)
     roles = {m["role"] for g in groups for chat in g["messages"] for m in chat}
     assert roles == {"system", "user", "assistant"}  # --env.result_role user: no tool messages
