@@ -28,9 +28,13 @@ arithmetic (the learning row). Envs:
 - `long`: the count env with `--long-gen-tokens` (1,024) completions and `--max-len` to match, the
   long-generation row (a random-weight model generates to the limit; the tiny model's 256 positions cannot
   hold it: skipped for it);
-- `multiturn`: envs/blackjack.py, a multi-turn env (up to 5 model turns, the simulator's observation between
-  them, 64 tokens a turn). No multi-turn *tool* env ships in envs/ or examples/; blackjack is the multi-turn
-  row.
+- `multiturn`: envs/blackjack.py, a multi-turn game (up to 5 model turns, the simulator's observation between
+  them, 64 tokens a turn);
+- `tool`: envs/tool_agent.py, the multi-turn tool env (up to 6 model turns of 128 tokens: `lookup` and
+  `calculator` calls, each result a `tool` message, a reply with neither a call nor an answer gets a reminder
+  and the next turn). A random-weight model almost never calls or answers, so it plays every turn (the 0.5B row's
+  rollouts are the longest the env makes); the tiny model's 256 positions hold 2 turns (its first prompt is
+  ~190 tokens), and as it answers with bare numbers its groups score alike (a throughput row, not a learning one).
 
 `--seeds 0,1,2 --curves FILE.md`: every row over each seed (`--seed` and `--env.seed`: the trainer's seed, and
 the env's items and sampling), then a per-step reward table per env (each mode's
@@ -136,6 +140,7 @@ def model_dir(name: str, work: Path) -> tuple[str, float]:
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
+    tokenizer.model_max_length = cfg.max_position_embeddings  # the tiny model's 256 is not this model's context
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return str(path), 1e-6
@@ -149,6 +154,7 @@ def env_specs(args) -> dict[str, tuple[str, list[str]]]:
         "count": (str(COUNT_ENV), ["--env.max_token_length", str(args.long_tokens)]),
         "long": (str(COUNT_ENV), ["--env.max_token_length", str(long), "--max-len", str(long + 64)]),
         "multiturn": ("blackjack", []),
+        "tool": ("tool_agent", []),
     }
 
 
@@ -370,7 +376,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--models", default="0.5b,tiny", help="0.5b (random, throughput) and/or tiny (learns)")
-    parser.add_argument("--envs", default="arithmetic,count", help="arithmetic, count, long, multiturn")
+    parser.add_argument("--envs", default="arithmetic,count", help="arithmetic, count, long, multiturn, tool")
     parser.add_argument("--modes", default="sync,async 0,async 1", help="sync, 'async S', 'async S CORRECTION' rows")
     parser.add_argument("--layouts", default="1+1", help="T+E splits: trainer GPUs + engine GPUs (1+3,2+2,3+1)")
     parser.add_argument("--auto", action="store_true", help="add the --inference-gpus auto row (layouts over 2 GPUs)")

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from atropos_cli.config import EnvConfig
-from atropos_cli.env.multiturn import MultiTurnEnv, TokenTrace
-from atropos_cli.types import Message, RolloutMeta, ScoredGroup
+from atropos_cli.env.multiturn import MultiTurnEnv, ScoredPlay, TokenTrace
+from atropos_cli.types import Message
 
 RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
 _MOVE = re.compile(r"\b(hit|stand)\b", re.IGNORECASE)
@@ -91,15 +91,6 @@ def parse_move(text: str) -> str | None:
     return found[-1].lower() if found else None
 
 
-@dataclass
-class Played:
-    messages: list[Message]
-    score: float
-    parts: dict[str, float]
-    trace: TokenTrace | None
-    finish_reason: str | None
-
-
 class BlackjackEnv(MultiTurnEnv):
     name: ClassVar[str] = "blackjack"
     version: ClassVar[str] = "1"
@@ -119,7 +110,7 @@ class BlackjackEnv(MultiTurnEnv):
             yield {"id": f"{split}-{index}", "deck_seed": f"{self.config.seed}:{split}:{index}"}
             index += 1
 
-    async def play(self, item: dict[str, Any]) -> Played:
+    async def play(self, item: dict[str, Any]) -> ScoredPlay:
         """One hand: alternate model moves and simulator observations until the hand is over."""
         game = BlackjackGame(item["deck_seed"])
         messages: list[Message] = [
@@ -154,11 +145,4 @@ class BlackjackEnv(MultiTurnEnv):
             messages.append(observation)
             prompt_ids = trace.add_messages([observation]) if trace else None
         parts = {"correct": 1.0 if score > 0 else 0.0, "invalid": invalid, "turns": float(turns)}
-        return Played(messages, score, parts, trace, finish_reason)
-
-    def group(self, item: dict[str, Any], played: list[Played], elapsed: float) -> ScoredGroup:
-        rollouts = [RolloutMeta(finish_reason=p.finish_reason, reward_parts=p.parts) for p in played]
-        traces = [p.trace for p in played]
-        return self.traced_group(
-            item["id"], traces, [p.score for p in played], [p.messages for p in played], rollouts, elapsed
-        )
+        return ScoredPlay(messages, score, parts, trace, finish_reason)

@@ -32,12 +32,12 @@ def score(env, completion, item):
 def test_catalogue_lists_every_bundled_env_with_a_description():
     infos = {i.name: i.description for i in list_envs()}
     for name in ("arithmetic", "letter_counting", "text_reversal", "gsm8k", "math", "tool_calling",
-                 "code", "reasoning_gym", "blackjack", "judge"):  # fmt: skip
+                 "code", "reasoning_gym", "blackjack", "tool_agent", "judge"):  # fmt: skip
         assert name in infos, f"{name} missing from `atropos envs`"
         assert infos[name] and not infos[name].startswith("(cannot load"), infos[name]
 
 
-@pytest.mark.parametrize("name", ["letter_counting", "text_reversal", "tool_calling", "reasoning_gym"])
+@pytest.mark.parametrize("name", ["letter_counting", "text_reversal", "tool_calling", "tool_agent", "reasoning_gym"])
 def test_procedural_items_are_seeded_and_eval_differs_from_train(name):
     spec = name
     a, b = make_env(spec, seed=3), make_env(spec, seed=3)

@@ -32,10 +32,11 @@
 #                    LOOP_STEPS (5) steps): generation / scoring / training / weight sync / engine batches a step.
 #   async            (2 GPUs) bench_async.py: a smoke row (SMOKE=0 skips it), then the colocated sync loop against async 1 (1 trainer
 #                    + 1 engine GPU, --max-staleness 1) for MODELS (0.5b; tiny: the shipped model, which learns)
-#                    on ENVS (long,multiturn; also arithmetic, count), STEPS (5) steps of GROUPS (16) x 8, the
-#                    first 2 untimed; LONG (384): the count env's tokens, LONG_GEN (1024): the long env's; a row
-#                    gets COMPILE_TIMEOUT (150) s for its warm-up steps, then ROW_TIMEOUT (60) s. Side by side
-#                    (async@0,1 async@2,3) with ENVS per round through ENVS_<first GPU>.
+#                    on ENVS (long,multiturn; also arithmetic, count, tool: the multi-turn tool env), STEPS (5)
+#                    steps of GROUPS (16) x 8, the first 2 untimed; LONG (384): the count env's tokens, LONG_GEN
+#                    (1024): the long env's; a row gets COMPILE_TIMEOUT (150) s for its warm-up steps, then
+#                    ROW_TIMEOUT (60) s. Side by side (async@0,1 async@2,3) with ENVS per round through
+#                    ENVS_<first GPU>.
 #   async-four       (4 GPUs) bench_async.py --layouts LAYOUTS (1+3,2+2,3+1) --auto: sync on 4 GPUs, that run
 #                    resumed with --inference-gpus auto (its choice printed), async 1 on each split, for MODELS
 #                    (0.5b) on ENVS (long), as in async.

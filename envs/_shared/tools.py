@@ -1,4 +1,4 @@
-"""Procedural tool schemas and requests for the tool-calling env, plus parsing a model's function call.
+"""Procedural tool schemas and requests for the tool-calling env, plus parsing a model's function calls.
 
 Each tool is a JSON-schema function (OpenAI `tools` shape) with a sentence template; an item picks one tool,
 fills its arguments from small value pools with a seeded RNG, and offers it among distractor tools.
@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["TOOLS", "ToolSpec", "make_request", "parse_call"]
+__all__ = ["TOOLS", "ToolSpec", "make_request", "parse_call", "parse_calls"]
 
 
 @dataclass(frozen=True)
@@ -125,3 +125,18 @@ def parse_call(text: str) -> dict[str, Any] | None:
         if isinstance(arguments, dict):
             return {"name": call["name"], "arguments": arguments}
     return None
+
+
+def parse_calls(text: str) -> tuple[list[dict[str, Any]], int]:
+    """Every function call in `text`, and how many were malformed: each `<tool_call>` block on its own (a block
+    that is not a call counts as malformed); without blocks, `parse_call`'s fence or bare JSON object (an opened
+    `<tool_call>` that never parses, e.g. a reply cut by its token limit, is one malformed call)."""
+    blocks = _TOOL_CALL.findall(text)
+    if blocks:
+        found = [parse_call(block) for block in blocks]
+        calls = [call for call in found if call is not None]
+        return calls, len(found) - len(calls)
+    call = parse_call(text)
+    if call is not None:
+        return [call], 0
+    return [], int("<tool_call>" in text)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from atropos_cli.env.base import BaseEnv, record_failure
@@ -33,11 +34,21 @@ from atropos_cli.errors import ServerUnreachableError
 from atropos_cli.tokens import MASKED, MASKED_LOGPROB, chat_prompt_ids
 from atropos_cli.types import GroupMeta, Message, RolloutMeta, ScoredGroup
 
-__all__ = ["TokenTrace", "MultiTurnEnv", "bridge_ids", "chat_added", "gather_rollouts", "trace_fields"]
+__all__ = [
+    "TokenTrace",
+    "MultiTurnEnv",
+    "ScoredPlay",
+    "bridge_ids",
+    "chat_added",
+    "gather_rollouts",
+    "trace_fields",
+]
 
 T = TypeVar("T")
 
 _SENTINEL = "\u2063ATROPOS_REPLY\u2063"
+MIN_TURN_TOKENS = 16  # a turn with less room than this (or than max_token_length) is not sampled
+MAX_STATED_CONTEXT = 10_000_000  # a tokenizer's model_max_length above this is its "no limit" sentinel
 
 
 class TokenTrace:
@@ -79,14 +90,18 @@ class TokenTrace:
         self._append(list(token_ids), trained=True, logprobs=logprobs)
         self.messages.append({"role": "assistant", "content": text})
 
-    def add_messages(self, new_messages: list[Message]) -> list[int]:
-        """Append the env's messages after a reply (masked); return the next prompt's ids (old ids + bridge)."""
+    def bridge(self, new_messages: list[Message]) -> list[int]:
+        """The masked ids `add_messages(new_messages)` would append (nothing is appended): how long the next
+        prompt would be, before committing to it."""
         if not self.messages or self.messages[-1].get("role") != "assistant":
             raise ValueError("add_messages() follows add_reply(): the last message must be the model's")
-        ids = bridge_ids(
+        return bridge_ids(
             self.tokenizer, self.messages[:-1], new_messages, reply_had_eos=self._reply_had_eos, tools=self.tools
         )
-        self._append(ids, trained=False)
+
+    def add_messages(self, new_messages: list[Message]) -> list[int]:
+        """Append the env's messages after a reply (masked); return the next prompt's ids (old ids + bridge)."""
+        self._append(self.bridge(new_messages), trained=False)
         self.messages.extend(dict(m) for m in new_messages)
         return self.prompt_ids()
 
@@ -168,9 +183,22 @@ def chat_added(before: list[Message], after: list[Message]) -> list[Message]:
     return after[last + 1 :]
 
 
+@dataclass
+class ScoredPlay:
+    """One rollout scored as a whole (blackjack, tool_agent): its chat, score, reward parts, token trace (None
+    without a tokenizer) and its last reply's finish reason; `MultiTurnEnv.group` assembles a group of them."""
+
+    messages: list[Message]
+    score: float
+    parts: dict[str, float]
+    trace: TokenTrace | None
+    finish_reason: str | None
+
+
 class MultiTurnEnv(BaseEnv):
     """A group is `group_size` independent plays of one item: implement `items(split)`, `play(item)` (one
-    rollout, e.g. with a `TokenTrace`) and `group(item, played, elapsed)` (the ScoredGroup of the kept plays)."""
+    rollout, e.g. with a `TokenTrace`) and, unless `play` returns `ScoredPlay`s, `group(item, played, elapsed)`
+    (the ScoredGroup of the kept plays)."""
 
     def items(self, split: str) -> Iterator[Any]:
         raise NotImplementedError(f"{type(self).__name__} must implement items(split)")
@@ -179,11 +207,17 @@ class MultiTurnEnv(BaseEnv):
         raise NotImplementedError(f"{type(self).__name__} must implement play(item)")
 
     def group(self, item: Any, played: list[Any], elapsed: float) -> ScoredGroup:
-        raise NotImplementedError(f"{type(self).__name__} must implement group(item, played, elapsed)")
+        """The group of `ScoredPlay`s: their scores, chats, traces, and reward parts per rollout."""
+        if not all(isinstance(p, ScoredPlay) for p in played):
+            raise NotImplementedError(f"{type(self).__name__} must implement group(item, played, elapsed)")
+        rollouts = [RolloutMeta(finish_reason=p.finish_reason, reward_parts=p.parts) for p in played]
+        traces = [p.trace for p in played]
+        messages = [p.messages for p in played]
+        return self.traced_group(self.item_id(item), traces, [p.score for p in played], messages, rollouts, elapsed)
 
     def traced_group(
         self,
-        item_id: str,
+        item_id: str | None,
         traces: list[TokenTrace | None],
         scores: list[float],
         messages: list[list[Message]],
@@ -209,22 +243,44 @@ class MultiTurnEnv(BaseEnv):
             ),
         )
 
-    async def reply(self, messages: list[Message], prompt_ids: list[int] | None) -> Any:
+    async def reply(self, messages: list[Message], prompt_ids: list[int] | None, max_tokens: int | None = None) -> Any:
         """One sampled reply (a `Choice`): sent as token ids when a trace gives them, else as the chat."""
-        return (await self.sample(messages, prompt_ids))[0]
+        return (await self.sample(messages, prompt_ids, max_tokens=max_tokens))[0]
 
     async def sample(
-        self, messages: list[Message], prompt_ids: list[int] | None, n: int = 1, seed: int | None = None
+        self,
+        messages: list[Message],
+        prompt_ids: list[int] | None,
+        n: int = 1,
+        seed: int | None = None,
+        max_tokens: int | None = None,
     ) -> list[Any]:
         """`n` sampled replies (`Choice`s) of one prompt: its token ids when a trace gives them (the trained
         tokens stay the backend's own), else the chat. `seed` pins the request's sampling (rollouts that run at
-        once ask in any order; None takes the run's next seed)."""
-        params = self.sampling_params(n=n, seed=seed).model_dump(exclude_none=True)
+        once ask in any order; None takes the run's next seed); `max_tokens` caps this turn (`turn_budget`)."""
+        overrides = {"max_tokens": max_tokens} if max_tokens is not None else {}
+        params = self.sampling_params(n=n, seed=seed, **overrides).model_dump(exclude_none=True)
         if prompt_ids is not None:
             generation = await self.server.completion(prompt=prompt_ids, **params)
         else:
             generation = await self.server.chat_completion(messages=messages, **params)
         return list(generation.choices)
+
+    def context_length(self) -> int | None:
+        """The model's context in tokens as its tokenizer states it (`model_max_length`); None when unknown
+        (no tokenizer, or the 'no limit' sentinel some tokenizers carry)."""
+        length = getattr(self.tokenizer, "model_max_length", None)
+        return length if isinstance(length, int) and 0 < length <= MAX_STATED_CONTEXT else None
+
+    def turn_budget(self, prompt_len: int | None, context: int | None) -> int | None:
+        """The next reply's `max_tokens`: the env's `max_token_length`, capped by what `context` leaves after
+        a prompt of `prompt_len` tokens; None when less than `min(MIN_TURN_TOKENS, max_token_length)` is left
+        (the rollout ends there rather than send a request the backend refuses or cuts to nothing)."""
+        budget = self.config.max_token_length
+        if context is None or prompt_len is None:
+            return budget
+        room = context - prompt_len
+        return min(budget, room) if room >= min(MIN_TURN_TOKENS, budget) else None
 
     async def setup(self) -> None:
         self._train = self.items("train")
