@@ -194,7 +194,10 @@ def main() -> None:
 
     if args.tiny:
         args.shape = None
-        args.groups, args.n, args.image, args.gen_tokens, args.steps = 2, 2, 28, 16, 1
+        tiny = {"groups": 2, "n": 2, "image": 28, "gen_tokens": 16, "steps": 1}  # where not given on the line
+        for name, value in tiny.items():
+            if f"--{name.replace('_', '-')}" not in sys.argv:
+                setattr(args, name, value)
     began = time.perf_counter()
 
     def progress(what: str) -> None:  # each stage as it ends: a run cut short by its time limit still says where

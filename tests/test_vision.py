@@ -196,3 +196,40 @@ def test_a_vl_directory_without_its_image_processor_and_packing_are_refused_with
     with pytest.raises(ConfigError, match="packing is not supported for vision-language models"):
         packing_mode(backend.model, True, "cpu")
     assert packing_mode(backend.model, None, "cuda") == "off"  # padded rows on CUDA too
+
+
+def test_image_rows_of_many_prompts_sample_in_one_batch_as_each_prompt_alone(backend):
+    """Three prompts (two images of different sizes, different prompt lengths, one text-only prompt), two choices
+    each, in one batched decode: every row gets the tokens and logprobs it gets alone, and its logprobs are an
+    eager forward's of prompt + completion with the model's own positions (so no row reads another's image)."""
+    from atropos_cli.inference.sampler import RowRequest, sample_rows
+    from atropos_cli.vision import VisionInputs, positions
+
+    model, vision = backend.model, backend.vision
+    urls = [png(40), png(200, 112)]
+    texts = ["Count the cubes.", "Say which colour this picture is and why, in a few words."]
+    prompts: list[tuple[list[int], VisionInputs | None]] = []
+    for url, text in zip(urls, texts, strict=True):
+        turns = [{"role": "user", "content": [{"type": "text", "text": text}, {"type": "image", "image": url}]}]
+        pixels = vision.inputs([url])
+        prompts.append((vision.expand(backend.chat_prompt_ids(turns), pixels), pixels))
+    prompts.append((backend.chat_prompt_ids([{"role": "user", "content": "Hi."}]), None))
+    assert len({len(ids) for ids, _ in prompts}) == 3 and prompts[1][0].count(model.config.image_token_id) == 16
+
+    def rows(which: list[int]) -> list[RowRequest]:
+        return [RowRequest(prompts[p][0], 8, seed=10 * p + c, vision=prompts[p][1]) for p in which for c in range(2)]
+
+    together = sample_rows(model, backend.tokenizer, rows([0, 1, 2]))
+    alone = [r for p in range(3) for r in sample_rows(model, backend.tokenizer, rows([p]))]
+    for i, (got, want) in enumerate(zip(together, alone, strict=True)):
+        assert got.token_ids == want.token_ids, f"row {i} sampled other tokens in the batch"
+        assert max(abs(a - b) for a, b in zip(got.logprobs, want.logprobs, strict=True)) < 1e-5
+        ids, pixels = prompts[i // 2]
+        x = torch.tensor([ids + got.token_ids])
+        images = (
+            {} if pixels is None else {"pixel_values": pixels.pixel_values, "image_grid_thw": pixels.image_grid_thw}
+        )
+        with torch.no_grad():
+            logits = model(input_ids=x, position_ids=positions(model, x, pixels), **images).logits[0].float()
+        eager = torch.log_softmax(logits[len(ids) - 1 : -1], dim=-1).gather(1, x[0, len(ids) :, None])[:, 0]
+        assert (eager - torch.tensor(got.logprobs)).abs().max().item() < TOL, f"row {i} differs from eager"

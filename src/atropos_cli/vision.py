@@ -2,10 +2,11 @@
 mrope positions, for the local backend's rollouts and the trainer's rows alike.
 
 Where it sits: `inference/local.py` loads a VL model with `VisionProcessor.load` and samples a chat whose messages
-carry image parts (`message_images`) with the image's `VisionInputs` (`sampler.sample_rows(vision=...)`); the
-trainer (`trainer/step/vision_rows.py`) turns a group's `images` into the same inputs and places their tokens in
-the env's rows. Both take positions from `positions` (the model's own rope index), so the rollout's logprobs, the
-trainer's and an eager forward of the same tokens and image agree.
+carry image parts (`message_images`) with the image's `VisionInputs` (`RowRequest.vision`: one batched decode takes
+rows of many prompts, with and without images); the trainer (`trainer/step/vision_rows.py`) turns a group's
+`images` into the same inputs and places their tokens in the env's rows. Both take positions from `positions` (the
+model's own rope index), so the rollout's logprobs, the trainer's and an eager forward of the same tokens and image
+agree.
 
 How an image becomes model input: the image processor (its published defaults are the checkpoint's
 `preprocessor_config.json`) resizes it to whole 28-pixel tiles and cuts it into patches (`pixel_values`, one row per
@@ -94,11 +95,16 @@ class VisionInputs:
     def images(self) -> int:
         return int(self.image_grid_thw.shape[0])
 
-    def repeated(self, rows: int) -> VisionInputs:
-        """The same images for `rows` rows of one batch (each row's image pads read their own copy)."""
+    @classmethod
+    def batched(cls, rows: list[VisionInputs | None]) -> VisionInputs | None:
+        """The images of a batch's rows as one model input: every row's patches and grids concatenated in row
+        order (rows without images add none), as the model's forward and rope index read them; None: no images."""
         import torch
 
-        return VisionInputs(torch.cat([self.pixel_values] * rows), torch.cat([self.image_grid_thw] * rows))
+        present = [v for v in rows if v is not None]
+        if not present:
+            return None
+        return cls(torch.cat([v.pixel_values for v in present]), torch.cat([v.image_grid_thw for v in present]))
 
 
 @dataclass

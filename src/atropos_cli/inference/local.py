@@ -383,26 +383,10 @@ class LocalBackend:
     def _sample(self, rows: list[RowRequest]) -> list[RowResult]:
         """The rows sampled by this backend's engine (the static engine on CUDA, `sample_rows` elsewhere)."""
         state = self._state  # read once: a reload during this batch takes effect at the next one
-        if any(r.vision is not None for r in rows):
-            return self._sample_images(state, rows)
-        fast = state.model.device.type == "cuda" and supports(state.model)
+        fast = state.model.device.type == "cuda" and supports(state.model)  # False for a VL model
         if fast and not any(r.top_logprobs for r in rows):
             return self._engine(state, rows).run(rows, swap=self._swap_point(state.model))
         return sample_rows(state.model, state.tokenizer, rows)
-
-    def _sample_images(self, state: _Loaded, rows: list[RowRequest]) -> list[RowResult]:
-        """A batch with image rows: each job's rows (one prompt, its images) sampled together on the loop sampler
-        (the static engine takes no image inputs or mrope positions), the text rows as one batch."""
-        jobs: dict[int, list[int]] = {}
-        for i, row in enumerate(rows):
-            jobs.setdefault(id(row.vision) if row.vision is not None else 0, []).append(i)
-        results: list[RowResult | None] = [None] * len(rows)
-        for key, members in jobs.items():
-            part = [rows[i] for i in members]
-            vision = part[0].vision if key else None
-            for i, result in zip(members, sample_rows(state.model, state.tokenizer, part, vision), strict=True):
-                results[i] = result
-        return [r for r in results if r is not None]
 
     def _swap_point(self, model: Any) -> Any:
         """What the static engine calls between decode steps to take new weights in place (returning their

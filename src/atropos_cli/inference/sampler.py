@@ -34,7 +34,7 @@ class RowRequest:
     stop: list[str] = field(default_factory=list)
     seed: int = 0
     top_logprobs: int = 0
-    vision: Any = None  # the prompt's images (`atropos_cli.vision.VisionInputs`): rows of one job share it
+    vision: Any = None  # the row's images (`atropos_cli.vision.VisionInputs`), None: a text row
 
     def __post_init__(self) -> None:
         if not self.temperature >= GREEDY_BELOW:  # NaN too
@@ -145,12 +145,13 @@ def _image_markers(model: Any) -> list[int]:
     return [int(i) for i in (getattr(config, n, None) for n in names) if i is not None and i < vocab]
 
 
-def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest], vision: Any = None) -> list[RowResult]:
+def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest]) -> list[RowResult]:
     """Sample a completion for every row in one batched decode; returns results in row order.
 
-    `vision` (a VL model's image rows, `atropos_cli.vision.VisionInputs`): the rows share one prompt and its images
-    (one job's `n` choices); the prefill takes each row's copy of the images and the mrope positions of the model's
-    own rope index, and every later token is one position past the last on all three axes."""
+    A VL model's image rows (`RowRequest.vision`) batch with each other and with text rows, of any prompts: the
+    prefill takes the rows' images concatenated in row order and the mrope positions of the model's own rope index
+    over the padded batch (its attention mask skips the pads), and every later token is one position past the
+    row's last on all three axes."""
     import torch
 
     device = model.device
@@ -166,15 +167,15 @@ def sample_rows(model: Any, tokenizer: Any, rows: list[RowRequest], vision: Any 
     if "logits_to_keep" in inspect.signature(model.forward).parameters:
         extra["logits_to_keep"] = 1  # the prefill only needs the last position's logits
     images: dict[str, Any] = {}
-    if vision is not None:
+    if any(r.vision is not None for r in rows):
+        from atropos_cli.vision import VisionInputs
         from atropos_cli.vision import positions as mrope_positions
 
-        if len({tuple(r.prompt_ids) for r in rows}) != 1:
-            raise ValueError("image rows are sampled one prompt at a time (its n choices)")
-        batch = vision.repeated(len(rows))
-        batch = type(batch)(batch.pixel_values.to(device, model.dtype), batch.image_grid_thw.to(device))
+        batch = VisionInputs.batched([r.vision for r in rows])
+        assert batch is not None
+        batch = VisionInputs(batch.pixel_values.to(device, model.dtype), batch.image_grid_thw.to(device))
         images = {"pixel_values": batch.pixel_values, "image_grid_thw": batch.image_grid_thw}
-        positions = mrope_positions(model, ids, batch)
+        positions = mrope_positions(model, ids, batch, mask)
     banned = _image_markers(model)
     with torch.inference_mode():
         out = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, **extra, **images)
