@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 from atropos_cli.config import QUICK_GROUPS, EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
+from ._shared.items import procedural_items
+
 OPERATORS = ("+", "-", "*")
 _INT = re.compile(r"-?\d+")
 
@@ -58,13 +60,9 @@ class ArithmeticEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: ArithmeticConfig = self.config  # type: ignore[assignment]
-        count = None if split == "train" else config.eval_size
-        index = 0
-        while count is None or index < count:
-            rng = random.Random(f"{config.seed}:{split}:{index}")
-            question, answer = make_problem(rng, config.max_operand, config.operators)
-            yield {"id": f"{split}-{index}", "question": question, "answer": answer}
-            index += 1
+        for item_id, key in procedural_items(config.seed, split, config.eval_size):
+            question, answer = make_problem(random.Random(key), config.max_operand, config.operators)
+            yield {"id": item_id, "question": question, "answer": answer}
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"What is {item['question']}?"

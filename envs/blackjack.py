@@ -28,6 +28,8 @@ from atropos_cli.config import EnvConfig
 from atropos_cli.env.multiturn import MultiTurnEnv, ScoredPlay, TokenTrace
 from atropos_cli.types import Message
 
+from ._shared.items import procedural_items
+
 RANKS = ("A", "2", "3", "4", "5", "6", "7", "8", "9", "10", "J", "Q", "K")
 _MOVE = re.compile(r"\b(hit|stand)\b", re.IGNORECASE)
 SYSTEM = (
@@ -104,11 +106,9 @@ class BlackjackEnv(MultiTurnEnv):
         return BlackjackConfig(group_size=8, max_token_length=64), []
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
-        count = None if split == "train" else self.config.eval_size  # type: ignore[attr-defined]
-        index = 0
-        while count is None or index < count:
-            yield {"id": f"{split}-{index}", "deck_seed": f"{self.config.seed}:{split}:{index}"}
-            index += 1
+        eval_size = self.config.eval_size  # type: ignore[attr-defined]
+        for item_id, key in procedural_items(self.config.seed, split, eval_size):
+            yield {"id": item_id, "deck_seed": key}
 
     async def play(self, item: dict[str, Any]) -> ScoredPlay:
         """One hand: alternate model moves and simulator observations until the hand is over."""

@@ -19,6 +19,7 @@ from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
 from ._shared.answers import answer_tag, last_number, strip_think
+from ._shared.items import procedural_items
 from ._shared.words import WORDS
 
 
@@ -60,13 +61,9 @@ class LetterCountingEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: LetterCountingConfig = self.config  # type: ignore[assignment]
-        count = None if split == "train" else config.eval_size
-        index = 0
-        while count is None or index < count:
-            rng = random.Random(f"{config.seed}:{split}:{index}")
-            text, letter, answer = make_question(rng, config.max_words)
-            yield {"id": f"{split}-{index}", "text": text, "letter": letter, "answer": answer}
-            index += 1
+        for item_id, key in procedural_items(config.seed, split, config.eval_size):
+            text, letter, answer = make_question(random.Random(key), config.max_words)
+            yield {"id": item_id, "text": text, "letter": letter, "answer": answer}
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"How many times does the letter '{item['letter']}' appear in \"{item['text']}\"?"

@@ -18,6 +18,7 @@ from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
 from ._shared.answers import answer_tag, strip_think
+from ._shared.items import procedural_items
 from ._shared.words import WORDS
 
 
@@ -49,13 +50,10 @@ class TextReversalEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: TextReversalConfig = self.config  # type: ignore[assignment]
-        count = None if split == "train" else config.eval_size
-        index = 0
-        while count is None or index < count:
-            rng = random.Random(f"{config.seed}:{split}:{index}")
+        for item_id, key in procedural_items(config.seed, split, config.eval_size):
+            rng = random.Random(key)
             text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, max(1, config.max_words))))
-            yield {"id": f"{split}-{index}", "text": text, "answer": text[::-1]}
-            index += 1
+            yield {"id": item_id, "text": text, "answer": text[::-1]}
 
     def prompt(self, item: dict[str, Any]) -> str:
         return f"Reverse this text: {item['text']}"

@@ -47,6 +47,7 @@ from atropos_cli.env.multiturn import MultiTurnEnv, ScoredPlay, TokenTrace
 from atropos_cli.types import Message
 
 from ._shared.answers import answer_tag, last_number, strip_think
+from ._shared.items import procedural_items
 from ._shared.tools import parse_calls
 
 SYSTEM = (
@@ -237,12 +238,8 @@ class ToolAgentEnv(MultiTurnEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: ToolAgentConfig = self.config  # type: ignore[assignment]
-        count = None if split == "train" else config.eval_size
-        index = 0
-        while count is None or index < count:
-            rng = random.Random(f"{config.seed}:{split}:{index}")
-            yield {"id": f"{split}-{index}", **make_question(rng, config.facts)}
-            index += 1
+        for item_id, key in procedural_items(config.seed, split, config.eval_size):
+            yield {"id": item_id, **make_question(random.Random(key), config.facts)}
 
     async def play(self, item: dict[str, Any]) -> ScoredPlay:
         """One rollout: model replies and tool results in turn until an answer, `max_turns` or a full context."""

@@ -23,6 +23,7 @@ from typing import Any, ClassVar
 from atropos_cli.config import EnvConfig
 from atropos_cli.env.base import SimpleEnv
 
+from ._shared.items import procedural_items
 from ._shared.tools import make_request, parse_call
 
 
@@ -71,12 +72,8 @@ class ToolCallingEnv(SimpleEnv):
 
     def items(self, split: str) -> Iterator[dict[str, Any]]:
         config: ToolCallingConfig = self.config  # type: ignore[assignment]
-        count = None if split == "train" else config.eval_size
-        index = 0
-        while count is None or index < count:
-            rng = random.Random(f"{config.seed}:{split}:{index}")
-            yield {"id": f"{split}-{index}", **make_request(rng, config.num_tools)}
-            index += 1
+        for item_id, key in procedural_items(config.seed, split, config.eval_size):
+            yield {"id": item_id, **make_request(random.Random(key), config.num_tools)}
 
     def prompt(self, item: dict[str, Any]) -> list[dict[str, Any]]:
         tools = "\n".join(json.dumps(t) for t in item["tools"])
