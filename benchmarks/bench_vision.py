@@ -189,15 +189,14 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--out", default=None, help="append the results row (markdown) to this file")
     args = parser.parse_args()
+    if args.tiny:  # the tiny test shape's sizes, where the line does not give its own
+        parser.set_defaults(groups=2, n=2, image=28, gen_tokens=16, steps=1)
+        args = parser.parse_args()
     from atropos_cli import families_vl
     from atropos_cli.vision import VisionProcessor
 
     if args.tiny:
         args.shape = None
-        tiny = {"groups": 2, "n": 2, "image": 28, "gen_tokens": 16, "steps": 1}  # where not given on the line
-        for name, value in tiny.items():
-            if f"--{name.replace('_', '-')}" not in sys.argv:
-                setattr(args, name, value)
     began = time.perf_counter()
 
     def progress(what: str) -> None:  # each stage as it ends: a run cut short by its time limit still says where
